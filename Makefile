@@ -1,0 +1,58 @@
+# Rebuno — every target installs what it needs on a fresh machine.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+BIN := bin
+PYTHON ?= python3
+COMPAT_VENV := tests/compat/.venv
+
+.PHONY: all build build-test test test-go test-compat bench bench-long demo fuzz clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno ./cmd/rebuno
+
+# The test build adds the settings of PROTOCOL §24.4 (manual clock, limiter faults).
+build-test:
+	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
+
+## test: every test — Go unit, store contract, black-box and the published-client compatibility suite.
+test: test-go test-compat
+
+test-go: build build-test
+	$(GO) vet ./...
+	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(GO) test -count=1 ./...
+
+$(COMPAT_VENV)/.installed: tests/compat/requirements.txt
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes -r tests/compat/requirements.txt
+	touch $@
+
+## test-compat: runs the published rebuno==0.29.2 client, unmodified, against the kernel.
+test-compat: build-test $(COMPAT_VENV)/.installed
+	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/compat
+
+## bench: the load generator of bench/ over real HTTP (PROTOCOL §29).
+bench: build
+	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
+	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
+
+bench-long: build
+	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
+	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -long
+
+## demo: a kernel, an example agent, a crash and a replay, in under a minute.
+demo: build
+	$(GO) build -o $(BIN)/demo-agent ./examples/go-agent
+	$(GO) run ./examples/demo -kernel $(BIN)/rebuno -agent $(BIN)/demo-agent
+
+## fuzz: fuzz canonical JSON and signature verification (the seeds also run in `make test`).
+fuzz:
+	$(GO) test ./internal/jsonx -run '^$$' -fuzz FuzzParse -fuzztime 60s
+	$(GO) test ./internal/identity -run '^$$' -fuzz FuzzArgsHash -fuzztime 60s
+	$(GO) test ./internal/auth -run '^$$' -fuzz FuzzVerify -fuzztime 60s
+
+clean:
+	rm -rf $(BIN) $(COMPAT_VENV)

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// settings are the kernel's configuration (§24.2). Each value comes from its
+// flag, else its environment variable, else its default; a value that does
+// not parse or is out of range stops startup naming both spellings.
+type settings struct {
+	ListenAddr           string
+	LogLevel             string
+	LogFormat            string
+	Config               string
+	BearerToken          string
+	RequireV1            bool
+	DB                   string
+	DispatchMaxAttempts  int64
+	DispatchTimeout      time.Duration
+	DispatchConcurrency  int64
+	DispatchLeaseTimeout time.Duration
+	BackoffBase          time.Duration
+	BackoffMax           time.Duration
+	DeadlineTimeout      time.Duration
+	ApprovalTimeout      time.Duration
+	Retention            time.Duration
+	CleanupInterval      time.Duration
+	MaxBodyBytes         int64
+	MaxStreams           int64
+	MaxSteps             int64
+	MaxExecutionBytes    int64
+	ShutdownTimeout      time.Duration
+	NoREPL               bool
+}
+
+// setting binds one flag and its variable to a parser.
+type setting struct {
+	flag, env, usage, def string
+	isBool                bool
+	parse                 func(string) error
+}
+
+// configError is a configuration mistake: exit code 2.
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return e.msg }
+
+func durationAtLeast(dst *time.Duration, min time.Duration, strict bool) func(string) error {
+	return func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("not a duration (use Go syntax such as 90s or 1h30m)")
+		}
+		if strict && d <= min {
+			return fmt.Errorf("must be > %s", min)
+		}
+		if !strict && d < min {
+			return fmt.Errorf("must be >= %s", min)
+		}
+		*dst = d
+		return nil
+	}
+}
+
+func intAtLeast(dst *int64, min int64) func(string) error {
+	return func(s string) error {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("not an integer")
+		}
+		if n < min {
+			return fmt.Errorf("must be >= %d", min)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func boolean(dst *bool) func(string) error {
+	return func(s string) error {
+		switch s {
+		case "true", "1":
+			*dst = true
+		case "false", "0":
+			*dst = false
+		default:
+			return fmt.Errorf("must be true, false, 1 or 0")
+		}
+		return nil
+	}
+}
+
+func oneOf(dst *string, values ...string) func(string) error {
+	return func(s string) error {
+		for _, v := range values {
+			if s == v {
+				*dst = s
+				return nil
+			}
+		}
+		return fmt.Errorf("must be one of %s", strings.Join(values, ", "))
+	}
+}
+
+func text(dst *string) func(string) error {
+	return func(s string) error { *dst = s; return nil }
+}
+
+func (s *settings) devSettings() []setting {
+	return []setting{
+		{flag: "listen-addr", env: "REBUNO_LISTEN_ADDR", def: "127.0.0.1:8080", usage: "host:port to listen on", parse: func(v string) error {
+			if _, _, err := net.SplitHostPort(v); err != nil {
+				return fmt.Errorf("must be host:port")
+			}
+			s.ListenAddr = v
+			return nil
+		}},
+		{flag: "log-level", env: "REBUNO_LOG_LEVEL", def: "info", usage: "debug, info, warn or error", parse: oneOf(&s.LogLevel, "debug", "info", "warn", "error")},
+		{flag: "log-format", env: "REBUNO_LOG_FORMAT", def: "text", usage: "text or json (to stderr)", parse: oneOf(&s.LogFormat, "text", "json")},
+		{flag: "config", env: "REBUNO_CONFIG", usage: "provisioning manifest (YAML)", parse: text(&s.Config)},
+		{flag: "bearer-token", env: "REBUNO_BEARER_TOKEN", usage: "token clients must send; auth is off without one", parse: text(&s.BearerToken)},
+		{flag: "require-v1-signatures", env: "REBUNO_REQUIRE_V1_SIGNATURES", def: "false", isBool: true, usage: "refuse legacy body-only agent signatures", parse: boolean(&s.RequireV1)},
+		{flag: "db", env: "REBUNO_DB", def: ".rebuno/rebuno.db", usage: "SQLite file (:memory: for a throwaway database)", parse: func(v string) error {
+			if v == "" {
+				return fmt.Errorf("must not be empty")
+			}
+			s.DB = v
+			return nil
+		}},
+		{flag: "dispatch-max-attempts", env: "REBUNO_DISPATCH_MAX_ATTEMPTS", def: "5", usage: "deliveries without progress before an execution fails", parse: intAtLeast(&s.DispatchMaxAttempts, 1)},
+		{flag: "dispatch-timeout", env: "REBUNO_DISPATCH_TIMEOUT", def: "30s", usage: "bound on one webhook delivery", parse: durationAtLeast(&s.DispatchTimeout, 0, true)},
+		{flag: "dispatch-concurrency", env: "REBUNO_DISPATCH_CONCURRENCY", def: "64", usage: "deliveries in flight at once", parse: intAtLeast(&s.DispatchConcurrency, 1)},
+		{flag: "dispatch-lease-timeout", env: "REBUNO_DISPATCH_LEASE_TIMEOUT", def: "2m", usage: "lease of agents without their own", parse: durationAtLeast(&s.DispatchLeaseTimeout, 0, true)},
+		{flag: "dispatch-backoff-base", env: "REBUNO_DISPATCH_BACKOFF_BASE", def: "1s", usage: "first retry delay", parse: durationAtLeast(&s.BackoffBase, 0, true)},
+		{flag: "dispatch-backoff-max", env: "REBUNO_DISPATCH_BACKOFF_MAX", def: "30s", usage: "largest retry delay", parse: durationAtLeast(&s.BackoffMax, 0, true)},
+		{flag: "deadline-timeout", env: "REBUNO_DEADLINE_TIMEOUT", def: "0", usage: "cancel executions older than this (0: never)", parse: durationAtLeast(&s.DeadlineTimeout, 0, false)},
+		{flag: "approval-timeout", env: "REBUNO_APPROVAL_TIMEOUT", def: "15m", usage: "default approval timeout", parse: durationAtLeast(&s.ApprovalTimeout, 0, true)},
+		{flag: "retention", env: "REBUNO_RETENTION", def: "0", usage: "delete terminal executions older than this (0: keep all)", parse: durationAtLeast(&s.Retention, 0, false)},
+		{flag: "cleanup-interval", env: "REBUNO_CLEANUP_INTERVAL", def: "10m", usage: "retention sweep interval", parse: durationAtLeast(&s.CleanupInterval, 0, true)},
+		{flag: "max-body-bytes", env: "REBUNO_MAX_BODY_BYTES", def: "10485760", usage: "largest request body", parse: intAtLeast(&s.MaxBodyBytes, 65536)},
+		{flag: "max-streams", env: "REBUNO_MAX_STREAMS", def: "1000", usage: "open SSE connections", parse: intAtLeast(&s.MaxStreams, 1)},
+		{flag: "max-steps-per-execution", env: "REBUNO_MAX_STEPS_PER_EXECUTION", def: "100000", usage: "steps one execution may record", parse: intAtLeast(&s.MaxSteps, 1)},
+		{flag: "max-execution-bytes", env: "REBUNO_MAX_EXECUTION_BYTES", def: "1073741824", usage: "bytes one execution may store", parse: intAtLeast(&s.MaxExecutionBytes, 1)},
+		{flag: "shutdown-timeout", env: "REBUNO_SHUTDOWN_TIMEOUT", def: "10s", usage: "grace for in-flight requests at shutdown", parse: durationAtLeast(&s.ShutdownTimeout, 0, true)},
+		{flag: "no-repl", usage: "do not start the REPL", def: "false", isBool: true, parse: boolean(&s.NoREPL)},
+	}
+}
+
+// register declares the flags on fs.
+func register(fs *pflag.FlagSet, list []setting) {
+	for _, st := range list {
+		usage := st.usage
+		if st.env != "" {
+			usage += " (env " + st.env + ")"
+		}
+		fs.String(st.flag, st.def, usage)
+		if st.isBool {
+			fs.Lookup(st.flag).NoOptDefVal = "true"
+		}
+	}
+}
+
+// resolve applies flag > environment > default to every setting, then the
+// rules that relate settings to each other.
+func (s *settings) resolve(fs *pflag.FlagSet, list []setting) error {
+	for _, st := range list {
+		val, source := st.def, ""
+		if env, ok := os.LookupEnv(st.env); ok && st.env != "" {
+			val, source = env, "env"
+		}
+		if fs.Changed(st.flag) {
+			val, _ = fs.GetString(st.flag)
+			source = "flag"
+		}
+		_ = source
+		if err := st.parse(val); err != nil {
+			return &configError{msg: fmt.Sprintf("invalid %s: %v", name(st), err)}
+		}
+	}
+	if s.BackoffBase > s.BackoffMax {
+		return &configError{msg: "invalid REBUNO_DISPATCH_BACKOFF_BASE (--dispatch-backoff-base): must be <= --dispatch-backoff-max"}
+	}
+	if s.DispatchLeaseTimeout%time.Second != 0 {
+		return &configError{msg: "invalid REBUNO_DISPATCH_LEASE_TIMEOUT (--dispatch-lease-timeout): must be whole seconds"}
+	}
+	if s.DispatchLeaseTimeout <= s.DispatchTimeout {
+		return &configError{msg: "invalid REBUNO_DISPATCH_LEASE_TIMEOUT (--dispatch-lease-timeout): must be > --dispatch-timeout"}
+	}
+	if s.MaxExecutionBytes < s.MaxBodyBytes {
+		return &configError{msg: "invalid REBUNO_MAX_EXECUTION_BYTES (--max-execution-bytes): must be >= --max-body-bytes"}
+	}
+	return nil
+}
+
+func name(st setting) string {
+	if st.env == "" {
+		return "--" + st.flag
+	}
+	return st.env + " (--" + st.flag + ")"
+}
+
+// isLoopback reports whether a listen address only accepts local
+// connections (§24.3): an empty host listens everywhere.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,20 @@
+//go:build !rebuno_test
+
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/rebuno/rebuno/internal/clock"
+)
+
+// testClock: release builds never honour the test-only settings (§24.4).
+func testClock(log *slog.Logger) (*clock.Manual, error) {
+	for _, name := range []string{"REBUNO_TEST_CLOCK", "REBUNO_TEST_LIMITER_FAULT"} {
+		if _, ok := os.LookupEnv(name); ok {
+			log.Warn("ignoring a test-only setting in a release build", slog.String("variable", name))
+		}
+	}
+	return nil, nil
+}

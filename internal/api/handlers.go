@@ -1,0 +1,749 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/kernel"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+func (s *Server) registerRoutes() {
+	add := func(method, pattern string, a authKind, readsBody bool, h func(*call) error) *route {
+		r := &route{method: method, pattern: pattern, auth: a, readsBody: readsBody, handle: h}
+		s.routes.add(r)
+		return r
+	}
+	const ex = "/v0/executions/{id}"
+	add(http.MethodPost, "/v0/executions", authBearer, true, handleCreate)
+	add(http.MethodGet, "/v0/executions", authBearer, false, handleList)
+	add(http.MethodGet, ex, authDual, false, handleGet)
+	add(http.MethodGet, ex+"/events", authDual, false, handleEvents)
+	add(http.MethodGet, ex+"/events/stream", authDual, false, handleEventStream).streaming = true
+	add(http.MethodGet, ex+"/stream", authDual, false, handleDeltaStream).streaming = true
+	add(http.MethodPost, ex+"/cancel", authBearer, false, handleCancel)
+	add(http.MethodGet, ex+"/steps", authDual, false, handleSteps)
+	add(http.MethodGet, ex+"/steps/{step_id}", authDual, false, handleStep)
+	add(http.MethodPost, ex+"/steps", authHMAC, true, handleSubmit)
+	add(http.MethodPost, ex+"/steps/{step_id}/complete", authHMAC, true, handleOutcome(true))
+	add(http.MethodPost, ex+"/steps/{step_id}/fail", authHMAC, true, handleOutcome(false))
+	add(http.MethodPost, ex+"/steps/{step_id}/stream", authHMAC, true, handleDelta)
+	add(http.MethodPost, ex+"/heartbeat", authHMAC, true, handleHeartbeat)
+	add(http.MethodPost, ex+"/complete", authHMAC, true, handleComplete)
+	add(http.MethodPost, ex+"/fail", authHMAC, true, handleFail)
+	add(http.MethodGet, ex+"/previous", authDual, false, handlePrevious)
+	add(http.MethodPost, "/v0/agents", authBearer, true, handleRegister)
+	add(http.MethodGet, "/v0/agents", authBearer, false, handleListAgents)
+	add(http.MethodGet, "/v0/agents/{agent_id}", authBearer, false, handleGetAgent)
+	add(http.MethodDelete, "/v0/agents/{agent_id}", authBearer, false, handleDeleteAgent)
+	add(http.MethodPut, "/v0/agents/{agent_id}/metadata", authHMAC, true, handleMetadata)
+	add(http.MethodPost, "/v0/policies/{agent_id}", authBearer, true, handlePolicy)
+	add(http.MethodGet, "/v0/health", authNone, false, handleHealth)
+	add(http.MethodGet, "/v0/ready", authNone, false, handleReady)
+	add(http.MethodGet, "/metrics", authNone, false, handleMetrics)
+	add(http.MethodPost, "/v0/test/clock", authBearer, true, handleTestClock)
+}
+
+// ---- parameters ----
+
+func (c *call) executionID() (string, error) { return parseUUID("id", c.params["id"]) }
+
+func (c *call) stepID() (string, error) {
+	id := c.params["step_id"]
+	if !validStepID(id) {
+		return "", invalid("step_id", "step_id must be 64 lowercase hex digits")
+	}
+	return id, nil
+}
+
+func (c *call) agentID() (string, error) {
+	id := c.params["agent_id"]
+	if !kernel.ValidAgentID(id) {
+		return "", invalid("agent_id", "invalid agent id")
+	}
+	return id, nil
+}
+
+// ---- executions ----
+
+func handleCreate(c *call) error {
+	f, err := parseBody(c.body, "agent_id", "input", "agent_version", "idempotency_key", "parent_execution_id",
+		"on_behalf_of", "session", "spawned_by")
+	if err != nil {
+		return err
+	}
+	req := kernel.CreateRequest{
+		AgentID: f.str("agent_id"), Input: f.raw("input"), AgentVersion: f.str("agent_version"),
+		OnBehalfOf: f.str("on_behalf_of"),
+	}
+	bodyKey := f.str("idempotency_key")
+	parent := f.str("parent_execution_id")
+	if session := f.str("session"); session != "" {
+		f.fail(invalid("session", "session: sessions are not supported by this kernel"))
+	}
+	if f.value("spawned_by") != nil {
+		f.fail(invalid("spawned_by", "spawned_by: subagents are not supported by this kernel"))
+	}
+	if f.err != nil {
+		return f.err
+	}
+	if f.obj.Get("agent_id") == nil || req.AgentID == "" {
+		return invalid("agent_id", "agent_id is required")
+	}
+	if parent != "" {
+		if req.ParentExecutionID, err = parseUUID("parent_execution_id", parent); err != nil {
+			return err
+		}
+	}
+	key, err := c.idempotencyKey(bodyKey, f.obj.Get("idempotency_key") != nil)
+	if err != nil {
+		return err
+	}
+	if key != "" {
+		req.IdempotencyKey = key
+		req.BodyHash = bodyHash(f.obj, "idempotency_key")
+	}
+	e, err := c.s.k.CreateExecution(c.ctx(), req)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusCreated, renderExecution(e).Bytes())
+	return nil
+}
+
+// idempotencyKey merges the Idempotency-Key header with a body field; both
+// present must agree (§7.1).
+func (c *call) idempotencyKey(bodyKey string, inBody bool) (string, error) {
+	vals := c.r.Header.Values(wire.HeaderIdempotencyKey)
+	if len(vals) > 1 {
+		return "", invalid(wire.HeaderIdempotencyKey, "%s is repeated", wire.HeaderIdempotencyKey)
+	}
+	key := bodyKey
+	if len(vals) == 1 {
+		if err := kernel.ValidIdempotencyKey(vals[0]); err != nil {
+			return "", err
+		}
+		if inBody && bodyKey != vals[0] {
+			return "", invalid("idempotency_key", "the Idempotency-Key header and the idempotency_key field differ")
+		}
+		key = vals[0]
+	} else if inBody {
+		if err := kernel.ValidIdempotencyKey(bodyKey); err != nil {
+			return "", err
+		}
+	}
+	return key, nil
+}
+
+// bodyHash identifies a request body for idempotency: the SHA-256 of its
+// canonical JSON without the named member, so a key moved between header and
+// body is still the same request.
+func bodyHash(obj *jsonx.Value, without string) string {
+	trimmed := &jsonx.Value{Kind: jsonx.KindObject}
+	for _, m := range obj.Members {
+		if m.Key != without {
+			trimmed.Members = append(trimmed.Members, m)
+		}
+	}
+	sum := sha256.Sum256(jsonx.Canonical(trimmed))
+	return hex.EncodeToString(sum[:])
+}
+
+func handleList(c *call) error {
+	var f store.ExecutionFilter
+	var err error
+	if f.AgentID, err = c.query("agent_id"); err != nil {
+		return err
+	}
+	if f.Status, err = c.query("status"); err != nil {
+		return err
+	}
+	cursor, err := c.query("cursor")
+	if err != nil {
+		return err
+	}
+	if cursor != "" {
+		if f.Cursor, err = parseUUID("cursor", cursor); err != nil {
+			return err
+		}
+	}
+	if f.Limit, err = c.limit(); err != nil {
+		return err
+	}
+	res, err := c.s.k.ListExecutions(c.ctx(), f)
+	if err != nil {
+		return err
+	}
+	o := (&jsonx.Object{}).Raw("executions", renderList(res.Executions, renderExecution))
+	optString(o, "next_cursor", res.NextCursor)
+	c.writeJSON(http.StatusOK, o.Bytes())
+	return nil
+}
+
+// limit reads the limit parameter; negative values reach the kernel, which
+// refuses them.
+func (c *call) limit() (int, error) {
+	s, err := c.query("limit")
+	if err != nil || s == "" {
+		return 0, err
+	}
+	n, err := parseInt("limit", s)
+	if err != nil {
+		return 0, err
+	}
+	if n > 1<<31 {
+		n = 1 << 31
+	}
+	return int(n), nil
+}
+
+func handleGet(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	e, err := c.s.k.GetExecution(c.ctx(), c.caller, id)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderExecution(e).Bytes())
+	return nil
+}
+
+func handleEvents(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	after, err := c.query("after_seq")
+	if err != nil {
+		return err
+	}
+	var afterSeq int64
+	if after != "" {
+		if afterSeq, err = parseInt("after_seq", after); err != nil {
+			return err
+		}
+	}
+	limit, err := c.limit()
+	if err != nil {
+		return err
+	}
+	evs, err := c.s.k.ListEvents(c.ctx(), c.caller, id, afterSeq, limit)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderList(evs, renderEvent))
+	return nil
+}
+
+func handleCancel(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	if err := c.s.k.CancelExecution(c.ctx(), id); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+// handleSteps streams the array page by page so that a long history is
+// never held in memory whole (§7.2).
+func handleSteps(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	filter, err := c.query("status")
+	if err != nil {
+		return err
+	}
+	if _, err := kernel.StepStatusFilter(filter); err != nil {
+		return err
+	}
+	started := false
+	err = c.s.k.EachStepPage(c.ctx(), c.caller, id, filter, func(page []*store.Step) error {
+		var b []byte
+		for _, s := range page {
+			if !started {
+				c.w.Header().Set("Content-Type", "application/json; charset=utf-8")
+				c.w.WriteHeader(http.StatusOK)
+				c.status = http.StatusOK
+				b = append(b, '[')
+				started = true
+			} else {
+				b = append(b, ',')
+			}
+			b = renderStep(s).Append(b)
+		}
+		_, err := c.w.Write(b)
+		return err
+	})
+	if err != nil {
+		if started {
+			// The status line is gone; cut the response so the client sees an
+			// incomplete body rather than a wrong one.
+			panic(http.ErrAbortHandler)
+		}
+		return err
+	}
+	if !started {
+		c.writeJSON(http.StatusOK, []byte("[]"))
+		return nil
+	}
+	c.w.Write([]byte("]\n"))
+	return nil
+}
+
+func handleStep(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	stepID, err := c.stepID()
+	if err != nil {
+		return err
+	}
+	s, err := c.s.k.GetStep(c.ctx(), c.caller, id, stepID)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderStep(s).Bytes())
+	return nil
+}
+
+func handlePrevious(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	state, err := c.s.k.Previous(c.ctx(), c.caller, id)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, (&jsonx.Object{}).Raw("state", state).Bytes())
+	return nil
+}
+
+// ---- agent routes ----
+
+func handleSubmit(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	if len(c.r.Header.Values(wire.HeaderDispatchID)) == 0 {
+		return &kernel.Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+	}
+	h, err := c.dispatchHeaders()
+	if err != nil {
+		return err
+	}
+	var req kernel.SubmitRequest
+	if vals := c.r.Header.Values(wire.HeaderStepOccurrence); len(vals) > 0 {
+		if req.Occurrence, err = headerInt(wire.HeaderStepOccurrence, vals, 0); err != nil {
+			return err
+		}
+		req.HasOccurrence = true
+	}
+	f, err := parseBody(c.body, "kind", "target", "args", "idempotency", "resources")
+	if err != nil {
+		return err
+	}
+	req.Kind = f.str("kind")
+	req.Target = f.str("target")
+	if v := f.value("args"); v != nil {
+		req.Args, req.ArgsValue = v.Raw, v
+	}
+	req.Idempotency = f.str("idempotency")
+	req.Resources, _ = f.strings("resources")
+	if f.err != nil {
+		return f.err
+	}
+	if f.obj.Get("kind") == nil {
+		return invalid("kind", "kind is required")
+	}
+	dec, err := c.s.k.SubmitStep(c.ctx(), c.caller, id, h, req)
+	if err != nil {
+		return err
+	}
+	if dec.StepID != "" {
+		c.w.Header().Set(wire.HeaderStepOccurrence, strconv.FormatInt(dec.Occurrence, 10))
+	}
+	c.writeJSON(http.StatusOK, renderDecision(dec).Bytes())
+	return nil
+}
+
+func handleOutcome(succeeded bool) func(*call) error {
+	field := "error"
+	if succeeded {
+		field = "result"
+	}
+	return func(c *call) error {
+		id, err := c.executionID()
+		if err != nil {
+			return err
+		}
+		stepID, err := c.stepID()
+		if err != nil {
+			return err
+		}
+		h, err := c.dispatchHeaders()
+		if err != nil {
+			return err
+		}
+		f, err := parseBody(c.body, field, "captures", "capture_failures")
+		if err != nil {
+			return err
+		}
+		if err := checkCaptures(f); err != nil {
+			return err
+		}
+		dec, err := c.s.k.RecordOutcome(c.ctx(), c.caller, id, stepID, h, kernel.OutcomeRequest{Succeeded: succeeded, Value: f.raw(field)})
+		if err != nil {
+			return err
+		}
+		c.writeJSON(http.StatusOK, renderDecision(dec).Bytes())
+		return nil
+	}
+}
+
+// checkCaptures validates the shape of the capture lists a step outcome may
+// carry (RESOURCES-AND-FORKS §3.4). An execution without resources refuses
+// every capture, so the lists need no further processing here.
+func checkCaptures(f *fields) error {
+	for _, name := range []string{"captures", "capture_failures"} {
+		v := f.get(name)
+		if v == nil {
+			continue
+		}
+		if v.Kind != jsonx.KindArray || len(v.Elems) > 32 {
+			return invalid(name, "%s must be an array of at most 32 entries", name)
+		}
+		for _, e := range v.Elems {
+			if e.Kind != jsonx.KindObject {
+				return invalid(name, "%s entries must be objects", name)
+			}
+			known := []string{"key", "generation", "checkpoint_ref"}
+			if name == "capture_failures" {
+				known = []string{"key", "generation", "error"}
+			}
+			for _, m := range e.Members {
+				if !contains(known, m.Key) {
+					return invalid(name+"."+m.Key, "unknown field %q", m.Key)
+				}
+			}
+			if k := e.Get("key"); k == nil || k.Kind != jsonx.KindString {
+				return invalid(name+".key", "key must be a string")
+			}
+			if g := e.Get("generation"); g == nil || g.Kind != jsonx.KindNumber {
+				return invalid(name+".generation", "generation must be an integer")
+			} else if n, err := strconv.ParseInt(string(g.Raw), 10, 64); err != nil || n < 0 {
+				return invalid(name+".generation", "generation must be an integer >= 0")
+			}
+			if name == "capture_failures" {
+				if er := e.Get("error"); er != nil && er.Kind != jsonx.KindString && er.Kind != jsonx.KindNull {
+					return invalid(name+".error", "error must be a string")
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func handleDelta(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	stepID, err := c.stepID()
+	if err != nil {
+		return err
+	}
+	h, err := c.dispatchHeaders()
+	if err != nil {
+		return err
+	}
+	f, err := parseBody(c.body, "seq", "data")
+	if err != nil {
+		return err
+	}
+	seq, hasSeq := f.integer("seq", 0, 1<<63-1)
+	data := f.str("data")
+	if f.err != nil {
+		return f.err
+	}
+	if !hasSeq {
+		return invalid("seq", "seq is required")
+	}
+	if v := f.get("data"); v == nil {
+		return invalid("data", "data is required")
+	}
+	if err := c.s.k.StreamDelta(c.ctx(), c.caller, id, stepID, h, seq, data); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+func handleHeartbeat(c *call) error {
+	if len(c.body) > 0 {
+		return invalid("", "heartbeat body must be empty")
+	}
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	h, err := c.dispatchHeaders()
+	if err != nil {
+		return err
+	}
+	if err := c.s.k.Heartbeat(c.ctx(), c.caller, id, h); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+func handleComplete(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	h, err := c.dispatchHeaders()
+	if err != nil {
+		return err
+	}
+	f, err := parseBody(c.body, "output", "state")
+	if err != nil {
+		return err
+	}
+	if err := c.s.k.CompleteExecution(c.ctx(), c.caller, id, h, kernel.CompleteRequest{Output: f.raw("output"), State: f.raw("state")}); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+func handleFail(c *call) error {
+	id, err := c.executionID()
+	if err != nil {
+		return err
+	}
+	h, err := c.dispatchHeaders()
+	if err != nil {
+		return err
+	}
+	f, err := parseBody(c.body, "error")
+	if err != nil {
+		return err
+	}
+	reason := f.str("error")
+	if f.err != nil {
+		return f.err
+	}
+	if err := c.s.k.FailExecution(c.ctx(), c.caller, id, h, reason); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+// ---- agents admin ----
+
+func handleRegister(c *call) error {
+	f, err := parseBody(c.body, "id", "webhook_url", "secret", "lease_timeout_seconds")
+	if err != nil {
+		return err
+	}
+	spec := kernel.AgentSpec{ID: f.str("id"), WebhookURL: f.str("webhook_url"), Secret: f.str("secret")}
+	spec.LeaseTimeoutSeconds, _ = f.integer("lease_timeout_seconds", 1, wire.MaxLeaseSeconds)
+	if f.err != nil {
+		return f.err
+	}
+	a, err := c.s.k.RegisterAgent(c.ctx(), spec)
+	if err != nil {
+		return err
+	}
+	c.s.secrets.forget(a.ID)
+	c.writeJSON(http.StatusCreated, renderAgent(a).Bytes())
+	return nil
+}
+
+func handleListAgents(c *call) error {
+	list, err := c.s.k.ListAgents(c.ctx())
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderList(list, renderAgent))
+	return nil
+}
+
+func handleGetAgent(c *call) error {
+	id, err := c.agentID()
+	if err != nil {
+		return err
+	}
+	a, err := c.s.k.GetAgent(c.ctx(), id)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderAgent(a).Bytes())
+	return nil
+}
+
+func handleDeleteAgent(c *call) error {
+	id, err := c.agentID()
+	if err != nil {
+		return err
+	}
+	if err := c.s.k.DeleteAgent(c.ctx(), id); err != nil {
+		return err
+	}
+	c.s.secrets.forget(id)
+	c.noContent()
+	return nil
+}
+
+func handleMetadata(c *call) error {
+	id, err := c.agentID()
+	if err != nil {
+		return err
+	}
+	f, err := parseBody(c.body, "description", "input_schema", "output_schema")
+	if err != nil {
+		return err
+	}
+	m := kernel.MetadataRequest{Description: f.str("description"), InputSchema: f.object("input_schema"), OutputSchema: f.object("output_schema")}
+	if f.err != nil {
+		return f.err
+	}
+	if err := c.s.k.SetMetadata(c.ctx(), c.caller, id, m); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+func handlePolicy(c *call) error {
+	id, err := c.agentID()
+	if err != nil {
+		return err
+	}
+	f, err := parseBody(c.body, "bundle")
+	if err != nil {
+		return err
+	}
+	bundle := f.str("bundle")
+	if f.err != nil {
+		return f.err
+	}
+	if err := c.s.k.SetPolicy(c.ctx(), id, bundle); err != nil {
+		return err
+	}
+	c.noContent()
+	return nil
+}
+
+// ---- health ----
+
+func handleHealth(c *call) error {
+	c.writeJSON(http.StatusOK, []byte(`{"status":"ok"}`))
+	return nil
+}
+
+func handleReady(c *call) error {
+	ctx, cancel := context.WithTimeout(c.ctx(), 2*time.Second)
+	defer cancel()
+	if c.s.draining.Load() || c.s.k.Store().Ping(ctx) != nil {
+		c.writeJSON(http.StatusServiceUnavailable, []byte(`{"status":"unavailable"}`))
+		return nil
+	}
+	c.writeJSON(http.StatusOK, []byte(`{"status":"ready"}`))
+	return nil
+}
+
+func handleMetrics(c *call) error {
+	c.status = http.StatusOK
+	c.s.metrics.ServeHTTP(c.w, c.r)
+	return nil
+}
+
+func handleTestClock(c *call) error {
+	mc := c.s.opt.ManualClock
+	if mc == nil {
+		return errRouteMissing
+	}
+	f, err := parseBody(c.body, "advance")
+	if err != nil {
+		return err
+	}
+	s := f.str("advance")
+	if f.err != nil {
+		return f.err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return invalid("advance", "advance must be a positive Go duration such as \"90s\"")
+	}
+	now := mc.Advance(d)
+	c.writeJSON(http.StatusOK, (&jsonx.Object{}).String("now", wire.FormatTime(now)).Bytes())
+	return nil
+}
+
+// ---- agent secrets ----
+
+// secretCache keeps agent secrets for a second: signature checks then cost no
+// store read, and a changed secret applies within the 2 s of §21.1.
+type secretCache struct {
+	k  *kernel.Kernel
+	mu sync.Mutex
+	m  map[string]cachedSecret
+}
+
+type cachedSecret struct {
+	secret  string
+	expires time.Time
+}
+
+const secretTTL = time.Second
+
+func newSecretCache(k *kernel.Kernel) *secretCache {
+	return &secretCache{k: k, m: map[string]cachedSecret{}}
+}
+
+func (sc *secretCache) get(ctx context.Context, id string) (string, error) {
+	now := time.Now()
+	sc.mu.Lock()
+	if e, ok := sc.m[id]; ok && now.Before(e.expires) {
+		sc.mu.Unlock()
+		return e.secret, nil
+	}
+	sc.mu.Unlock()
+	secret, err := sc.k.AgentSecret(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	sc.mu.Lock()
+	if len(sc.m) >= 10000 {
+		sc.m = map[string]cachedSecret{}
+	}
+	sc.m[id] = cachedSecret{secret: secret, expires: now.Add(secretTTL)}
+	sc.mu.Unlock()
+	return secret, nil
+}
+
+func (sc *secretCache) forget(id string) {
+	sc.mu.Lock()
+	delete(sc.m, id)
+	sc.mu.Unlock()
+}

@@ -1,0 +1,101 @@
+package api
+
+import (
+	"net/http"
+	"sort"
+	"strings"
+)
+
+// authKind says how a route authenticates its caller (§4.1).
+type authKind int
+
+const (
+	authNone authKind = iota
+	authBearer
+	authHMAC
+	authDual
+)
+
+// route is one row of the route table (§6). Patterns are matched segment by
+// segment; a segment in braces captures a parameter.
+type route struct {
+	method  string
+	pattern string
+	auth    authKind
+	// readsBody is false for routes whose body is ignored (cancel) or absent
+	// (GET); their body is neither read nor limited.
+	readsBody bool
+	// streaming routes have no overall write timeout.
+	streaming bool
+	handle    func(c *call) error
+	segments  []string
+}
+
+// router matches paths exactly: no cleaning, no redirects, a trailing slash
+// is a different (unknown) path, as §3.5 requires.
+type router struct {
+	routes []*route
+}
+
+func (rt *router) add(r *route) {
+	r.segments = strings.Split(strings.TrimPrefix(r.pattern, "/"), "/")
+	rt.routes = append(rt.routes, r)
+}
+
+// match returns the route for method and path, its parameters, and when the
+// path is known but the method is not, the methods it allows.
+func (rt *router) match(method, path string) (*route, map[string]string, []string) {
+	if !strings.HasPrefix(path, "/") {
+		return nil, nil, nil
+	}
+	segs := strings.Split(path[1:], "/")
+	var allowed []string
+	for _, r := range rt.routes {
+		params, ok := matchSegments(r.segments, segs)
+		if !ok {
+			continue
+		}
+		if r.method == method {
+			return r, params, nil
+		}
+		allowed = append(allowed, r.method)
+	}
+	sort.Strings(allowed)
+	return nil, nil, allowed
+}
+
+func matchSegments(pattern, segs []string) (map[string]string, bool) {
+	if len(pattern) != len(segs) {
+		return nil, false
+	}
+	var params map[string]string
+	for i, p := range pattern {
+		if strings.HasPrefix(p, "{") {
+			if segs[i] == "" {
+				return nil, false
+			}
+			if params == nil {
+				params = map[string]string{}
+			}
+			params[p[1:len(p)-1]] = segs[i]
+			continue
+		}
+		if p != segs[i] {
+			return nil, false
+		}
+	}
+	return params, true
+}
+
+// allowHeader lists methods for a 405 answer.
+func allowHeader(methods []string) string {
+	out := methods[:0]
+	for i, m := range methods {
+		if i == 0 || m != methods[i-1] {
+			out = append(out, m)
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+var _ = http.MethodGet

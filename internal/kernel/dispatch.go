@@ -1,0 +1,319 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// enqueueDispatch creates the execution's newest dispatch and retires the
+// others (§8.1). The dispatcher is woken once the transaction commits.
+func (o *op) enqueueDispatch() error {
+	d := &store.Dispatch{
+		ID: newDispatchID(o.e.DispatchID, o.now), ExecutionID: o.e.ID, Status: wire.DispatchPending,
+		MaxAttempts: o.k.cfg.DispatchMaxAttempts, NextAttemptAt: o.now, CreatedAt: o.now, UpdatedAt: o.now,
+	}
+	if err := o.tx.InsertDispatch(o.ctx, d); err != nil {
+		return fmt.Errorf("insert dispatch: %w", err)
+	}
+	if err := o.tx.RetireDispatches(o.ctx, o.e.ID, d.ID, o.now); err != nil {
+		return fmt.Errorf("retire dispatches: %w", err)
+	}
+	o.e.DispatchID = d.ID
+	o.emit(wire.EventDispatchQueued, dispatchPayload(d, wire.DispatchPending, 0))
+	o.tx.AfterCommit(o.k.wakeDispatcher)
+	return nil
+}
+
+func dispatchPayload(d *store.Dispatch, status string, attempt int64) *jsonx.Object {
+	return (&jsonx.Object{}).String("dispatch_id", d.ID).String("execution_id", d.ExecutionID).
+		String("status", status).Int("attempt", attempt)
+}
+
+// checkDispatch validates the dispatch headers of an agent write (§6) and
+// returns the named dispatch (nil when the request names none).
+func (o *op) checkDispatch(h DispatchHeaders) (*store.Dispatch, error) {
+	return validateDispatch(o.ctx, o.tx, o.e, h, o.k.cfg.RequireDispatchHeaders)
+}
+
+func validateDispatch(ctx context.Context, r store.Reader, e *store.Execution, h DispatchHeaders, requireBoth bool) (*store.Dispatch, error) {
+	if requireBoth && (h.ID == "" || h.Attempt == 0) {
+		if h.ID == "" {
+			return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+		}
+		return nil, validation(wire.HeaderDispatchAttempt, "missing dispatch attempt")
+	}
+	if h.ID == "" {
+		return nil, nil
+	}
+	d, err := r.Dispatch(ctx, h.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: unknown dispatch_id"}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read dispatch: %w", err)
+	}
+	if d.ExecutionID != e.ID {
+		return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID,
+			Message: "validation error: dispatch_id belongs to another execution"}
+	}
+	if h.Attempt > d.Attempt {
+		return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchAttempt,
+			Message: "validation error: dispatch attempt is ahead of the kernel"}
+	}
+	return d, nil
+}
+
+// superseded reports whether a request acts for an attempt that is no longer
+// current (§9.5). A request naming no dispatch is never superseded.
+func (o *op) superseded(d *store.Dispatch, h DispatchHeaders) bool {
+	if d == nil {
+		return false
+	}
+	return d.ID != o.e.DispatchID || (h.Attempt > 0 && h.Attempt < d.Attempt)
+}
+
+func (k *Kernel) refuseSuperseded() error {
+	k.metrics.DispatchSuperseded.Inc()
+	return errSuperseded()
+}
+
+// liveDispatch returns the dispatch a request renews (§9.2): the named one,
+// or the execution's newest when the request names none; nil when it is not
+// in flight at the request's attempt.
+func (o *op) liveDispatch(d *store.Dispatch, h DispatchHeaders) (*store.Dispatch, error) {
+	if d == nil {
+		if o.e.DispatchID == "" {
+			return nil, nil
+		}
+		var err error
+		if d, err = o.tx.Dispatch(o.ctx, o.e.DispatchID); err != nil {
+			return nil, notFoundOr(err, "dispatch")
+		}
+	}
+	if d.ID != o.e.DispatchID || d.Status != wire.DispatchInFlight || (h.Attempt > 0 && h.Attempt != d.Attempt) {
+		return nil, nil
+	}
+	return d, nil
+}
+
+// renew extends the lease of the requesting attempt (§9.1). A renewal that
+// would move the expiry by less than a second is skipped to save a write.
+func (o *op) renew(d *store.Dispatch, h DispatchHeaders) error {
+	live, err := o.liveDispatch(d, h)
+	if err != nil || live == nil {
+		return err
+	}
+	expires := o.now.Add(time.Duration(live.LeaseTimeout) * time.Second)
+	if live.LeaseExpiresAt.After(expires.Add(-time.Second)) {
+		return nil
+	}
+	live.LeaseExpiresAt = expires
+	live.UpdatedAt = o.now
+	return o.tx.UpdateDispatch(o.ctx, live)
+}
+
+// progress renews the lease and records that the current attempt recorded a
+// step outcome, which resets the attempt budget (§8.6).
+func (o *op) progress(d *store.Dispatch, h DispatchHeaders) error {
+	live, err := o.liveDispatch(d, h)
+	if err != nil || live == nil {
+		return err
+	}
+	expires := o.now.Add(time.Duration(live.LeaseTimeout) * time.Second)
+	if live.ProgressAttempt == live.Attempt && live.LeaseExpiresAt.After(expires.Add(-time.Second)) {
+		return nil
+	}
+	live.ProgressAttempt = live.Attempt
+	live.LeaseExpiresAt = expires
+	live.UpdatedAt = o.now
+	return o.tx.UpdateDispatch(o.ctx, live)
+}
+
+// Delivery is a claimed attempt, ready to be sent.
+type Delivery struct {
+	DispatchID   string
+	ExecutionID  string
+	AgentID      string
+	WebhookURL   string
+	Secret       string
+	Attempt      int64
+	LeaseTimeout int64
+	DueAt        time.Time
+}
+
+// ClaimDispatch claims a due dispatch for delivery (§8.2). It returns nil when
+// the dispatch is no longer due (claimed, retired or rescheduled meanwhile).
+func (k *Kernel) ClaimDispatch(ctx context.Context, ref store.DispatchRef) (*Delivery, error) {
+	var del *Delivery
+	err := k.update(ctx, ref.ExecutionID, func(o *op) error {
+		del = nil
+		d, err := o.tx.Dispatch(o.ctx, ref.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read dispatch: %w", err)
+		}
+		if (d.Status != wire.DispatchPending && d.Status != wire.DispatchFailed) || d.NextAttemptAt.After(o.now) {
+			return nil
+		}
+		if err := o.load(d.ExecutionID, Caller{}); err != nil {
+			return err
+		}
+		if d.ID != o.e.DispatchID || wire.ExecTerminal(o.e.Status) {
+			return nil
+		}
+		agent, err := o.tx.Agent(o.ctx, o.e.AgentID)
+		if err != nil {
+			return notFoundOr(err, "agent")
+		}
+		lease := int64(k.cfg.DispatchLeaseTimeout / time.Second)
+		if agent.LeaseTimeoutSeconds > 0 {
+			lease = agent.LeaseTimeoutSeconds
+		}
+		due := d.NextAttemptAt
+		d.Attempt++
+		d.Status = wire.DispatchInFlight
+		d.ClaimedBy = k.cfg.ReplicaID
+		d.LeaseTimeout = lease
+		d.LeaseExpiresAt = o.now.Add(time.Duration(lease) * time.Second)
+		d.UpdatedAt = o.now
+		if err := o.tx.UpdateDispatch(o.ctx, d); err != nil {
+			return fmt.Errorf("claim dispatch: %w", err)
+		}
+		if err := o.tx.DeleteDispatchCounters(o.ctx, d.ID); err != nil {
+			return fmt.Errorf("reset counters: %w", err)
+		}
+		del = &Delivery{DispatchID: d.ID, ExecutionID: d.ExecutionID, AgentID: agent.ID, WebhookURL: agent.WebhookURL,
+			Secret: agent.Secret, Attempt: d.Attempt, LeaseTimeout: lease, DueAt: due}
+		return nil
+	})
+	return del, err
+}
+
+// DeliveryOutcome is what the webhook call produced.
+type DeliveryOutcome struct {
+	Acked      bool
+	HTTPStatus int    // 0 when no response arrived
+	Error      string // short description of a failure
+	RetryAfter time.Duration
+}
+
+// RecordDelivery records the outcome of an attempt (§8.4). An outcome for an
+// attempt that is no longer current is discarded.
+func (k *Kernel) RecordDelivery(ctx context.Context, del *Delivery, out DeliveryOutcome) error {
+	return k.update(ctx, del.ExecutionID, func(o *op) error {
+		d, err := o.tx.Dispatch(o.ctx, del.DispatchID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read dispatch: %w", err)
+		}
+		if d.Status != wire.DispatchInFlight || d.Attempt != del.Attempt {
+			return nil
+		}
+		if err := o.load(d.ExecutionID, Caller{}); err != nil {
+			return err
+		}
+		if d.ID != o.e.DispatchID || wire.ExecTerminal(o.e.Status) {
+			return nil
+		}
+		d.UpdatedAt = o.now
+		if out.Acked {
+			o.emit(wire.EventDispatchAcked, dispatchPayload(d, "acked", d.Attempt))
+			d.LeaseExpiresAt = o.now.Add(time.Duration(d.LeaseTimeout) * time.Second)
+			m := k.metrics
+			o.tx.AfterCommit(func() { m.DispatchOutcomes.WithLabelValues("success").Inc() })
+			return o.tx.UpdateDispatch(o.ctx, d)
+		}
+		p := dispatchPayload(d, wire.DispatchFailed, d.Attempt)
+		if out.HTTPStatus != 0 {
+			p.Int("http_status", int64(out.HTTPStatus))
+		}
+		if out.Error != "" {
+			p.String("error", TruncateUTF8(out.Error, 256))
+		}
+		o.emit(wire.EventDispatchFailed, p)
+		m := k.metrics
+		if d.Attempt-d.ProgressAttempt >= d.MaxAttempts {
+			o.tx.AfterCommit(func() { m.DispatchOutcomes.WithLabelValues("exhausted").Inc() })
+			return o.exhaust(d)
+		}
+		o.tx.AfterCommit(func() { m.DispatchOutcomes.WithLabelValues("rejected").Inc() })
+		delay := k.retryDelay(d.Attempt - d.ProgressAttempt)
+		if out.RetryAfter > 0 && (out.HTTPStatus == 429 || out.HTTPStatus == 503) {
+			delay = max(delay, min(out.RetryAfter, 60*time.Second))
+		}
+		d.Status = wire.DispatchFailed
+		d.NextAttemptAt = o.now.Add(delay)
+		d.LeaseExpiresAt = time.Time{}
+		o.tx.AfterCommit(k.wakeDispatcher)
+		return o.tx.UpdateDispatch(o.ctx, d)
+	})
+}
+
+// retryDelay is delay(n) of §8.5: exponential from the base, capped, plus up
+// to a quarter of jitter.
+func (k *Kernel) retryDelay(n int64) time.Duration {
+	d := k.cfg.BackoffBase
+	for i := int64(1); i < n && d < k.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, k.cfg.BackoffMax)
+	if q := int64(d / 4); q > 0 {
+		d += time.Duration(rand.Int64N(q))
+	}
+	return d
+}
+
+// exhaust fails the execution whose dispatch spent its budget (§8.6).
+func (o *op) exhaust(d *store.Dispatch) error {
+	d.Status = wire.DispatchRetired
+	if err := o.tx.UpdateDispatch(o.ctx, d); err != nil {
+		return fmt.Errorf("retire dispatch: %w", err)
+	}
+	return o.terminate(wire.ExecFailed, wire.ReasonDispatchExhausted, wire.CauseExecutionFailed)
+}
+
+// ReclaimLease reclaims an in-flight dispatch whose lease has expired (§9.4):
+// it is redelivered at once under the same id, or the execution fails when
+// the attempt budget is spent.
+func (k *Kernel) ReclaimLease(ctx context.Context, ref store.DispatchRef) error {
+	return k.update(ctx, ref.ExecutionID, func(o *op) error {
+		d, err := o.tx.Dispatch(o.ctx, ref.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read dispatch: %w", err)
+		}
+		if d.Status != wire.DispatchInFlight || d.LeaseExpiresAt.After(o.now) {
+			return nil
+		}
+		if err := o.load(d.ExecutionID, Caller{}); err != nil {
+			return err
+		}
+		d.UpdatedAt = o.now
+		m := k.metrics
+		o.tx.AfterCommit(func() { m.DispatchesReclaimed.Inc() })
+		if d.Attempt-d.ProgressAttempt >= d.MaxAttempts {
+			o.emit(wire.EventDispatchLeaseExpired, dispatchPayload(d, "exhausted", d.Attempt))
+			o.tx.AfterCommit(func() { m.DispatchOutcomes.WithLabelValues("exhausted").Inc() })
+			return o.exhaust(d)
+		}
+		o.emit(wire.EventDispatchLeaseExpired, dispatchPayload(d, wire.DispatchPending, d.Attempt))
+		d.Status = wire.DispatchPending
+		d.NextAttemptAt = o.now
+		d.LeaseExpiresAt = time.Time{}
+		o.tx.AfterCommit(k.wakeDispatcher)
+		return o.tx.UpdateDispatch(o.ctx, d)
+	})
+}

@@ -1,0 +1,297 @@
+// Package kernel holds every rule of the Rebuno protocol. Each exported
+// method is one verb (CreateExecution, SubmitStep, CompleteStep, …): the HTTP
+// layer parses a request and calls exactly one of them; background workers
+// call the rest. The kernel talks to storage only through store.Store.
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/clock"
+	"github.com/rebuno/rebuno/internal/events"
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/metrics"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// Config holds the settings the protocol rules depend on (§24.2).
+type Config struct {
+	DispatchMaxAttempts  int64
+	DispatchTimeout      time.Duration
+	DispatchLeaseTimeout time.Duration
+	BackoffBase          time.Duration
+	BackoffMax           time.Duration
+	DeadlineTimeout      time.Duration
+	ApprovalTimeout      time.Duration
+	Retention            time.Duration
+	CleanupInterval      time.Duration
+	MaxStepsPerExecution int64
+	MaxExecutionBytes    int64
+	// RequireDispatchHeaders makes both dispatch headers mandatory on agent
+	// writes; it follows --require-v1-signatures (§6).
+	RequireDispatchHeaders bool
+	ReplicaID              string
+}
+
+// DefaultConfig returns the defaults of §24.2.
+func DefaultConfig() Config {
+	return Config{
+		DispatchMaxAttempts:  5,
+		DispatchTimeout:      30 * time.Second,
+		DispatchLeaseTimeout: 2 * time.Minute,
+		BackoffBase:          time.Second,
+		BackoffMax:           30 * time.Second,
+		ApprovalTimeout:      15 * time.Minute,
+		CleanupInterval:      10 * time.Minute,
+		MaxStepsPerExecution: 100000,
+		MaxExecutionBytes:    1 << 30,
+		ReplicaID:            "local",
+	}
+}
+
+// Kernel implements the protocol over a store.
+type Kernel struct {
+	store   store.Store
+	clock   clock.Clock
+	cfg     Config
+	hub     *events.Hub
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	policy  Policy
+	wake    chan struct{}
+}
+
+// Options wires a kernel's collaborators.
+type Options struct {
+	Store   store.Store
+	Clock   clock.Clock
+	Config  Config
+	Hub     *events.Hub
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+	Policy  Policy
+}
+
+// New returns a kernel.
+func New(o Options) *Kernel {
+	k := &Kernel{store: o.Store, clock: o.Clock, cfg: o.Config, hub: o.Hub, metrics: o.Metrics, log: o.Logger,
+		policy: o.Policy, wake: make(chan struct{}, 1)}
+	if k.clock == nil {
+		k.clock = clock.Real{}
+	}
+	if k.hub == nil {
+		k.hub = events.NewHub()
+	}
+	if k.metrics == nil {
+		k.metrics = metrics.New()
+	}
+	if k.log == nil {
+		k.log = slog.Default()
+	}
+	if k.policy == nil {
+		k.policy = Permissive{}
+	}
+	return k
+}
+
+// Store returns the kernel's store (read paths of the HTTP layer use it).
+func (k *Kernel) Store() store.Store { return k.store }
+
+// Clock returns the kernel's clock.
+func (k *Kernel) Clock() clock.Clock { return k.clock }
+
+// Config returns the kernel's configuration.
+func (k *Kernel) Config() Config { return k.cfg }
+
+// Hub returns the stream fan-out hub.
+func (k *Kernel) Hub() *events.Hub { return k.hub }
+
+// Metrics returns the kernel's metrics.
+func (k *Kernel) Metrics() *metrics.Metrics { return k.metrics }
+
+// DispatchWake fires after a commit that enqueued or rescheduled a dispatch.
+func (k *Kernel) DispatchWake() <-chan struct{} { return k.wake }
+
+// WakeDispatcher asks the dispatcher to look for due work now.
+func (k *Kernel) WakeDispatcher() { k.wakeDispatcher() }
+
+func (k *Kernel) wakeDispatcher() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Caller identifies who makes a request: a bearer client (Agent == "") or an
+// agent authenticated by its signature.
+type Caller struct {
+	Agent string
+}
+
+// DispatchHeaders are the optional dispatch headers of an agent request.
+// ID == "" and Attempt == 0 mean absent.
+type DispatchHeaders struct {
+	ID      string
+	Attempt int64
+}
+
+// errStorageLimit aborts a transaction whose writes would cross a storage
+// limit; the caller then fails the execution in a transaction of its own.
+var errStorageLimit = errors.New("storage limit exceeded")
+
+// op is the state of one write transaction on one execution: it numbers the
+// events, keeps the execution's bookkeeping and writes both at the end.
+type op struct {
+	k      *Kernel
+	ctx    context.Context
+	tx     store.Tx
+	now    time.Time
+	e      *store.Execution
+	events []*store.Event
+	// enforce makes finish refuse writes that cross the storage limits.
+	enforce bool
+}
+
+func (k *Kernel) newOp(ctx context.Context, tx store.Tx) *op {
+	return &op{k: k, ctx: ctx, tx: tx, now: k.clock.Now()}
+}
+
+// load reads the execution the operation is about and checks the caller may
+// act on it (404, then 403).
+func (o *op) load(id string, c Caller) error {
+	e, err := o.tx.Execution(o.ctx, id)
+	if err != nil {
+		return notFoundOr(err, "execution")
+	}
+	if c.Agent != "" && e.AgentID != c.Agent {
+		return errForbidden()
+	}
+	o.e = e
+	return nil
+}
+
+// emit appends an event to the execution's log (written at finish).
+func (o *op) emit(typ string, payload *jsonx.Object) {
+	b := payload.Bytes()
+	o.e.LastSeq++
+	o.e.ByteCount += int64(len(b))
+	o.events = append(o.events, &store.Event{ExecutionID: o.e.ID, Seq: o.e.LastSeq, Type: typ, Payload: b, OccurredAt: o.now})
+}
+
+// finish writes the events and the execution row.
+func (o *op) finish() error {
+	if o.e == nil {
+		return nil
+	}
+	if o.enforce && (o.e.StepCount > o.k.cfg.MaxStepsPerExecution || o.e.ByteCount > o.k.cfg.MaxExecutionBytes) {
+		return errStorageLimit
+	}
+	if len(o.events) > 0 {
+		if err := o.tx.AppendEvents(o.ctx, o.events); err != nil {
+			return fmt.Errorf("append events: %w", err)
+		}
+		id, hub := o.e.ID, o.k.hub
+		o.tx.AfterCommit(func() { hub.Notify(id) })
+		o.events = nil
+	}
+	if err := o.tx.UpdateExecution(o.ctx, o.e); err != nil {
+		return fmt.Errorf("update execution: %w", err)
+	}
+	return nil
+}
+
+// update runs fn in a transaction locked on executionID and finishes its op.
+// When fn's writes would cross a storage limit, the execution is failed with
+// storage_limit_exceeded instead and onLimit's answer is returned.
+func (k *Kernel) update(ctx context.Context, executionID string, fn func(o *op) error) error {
+	err := k.store.Update(ctx, executionID, func(ctx context.Context, tx store.Tx) error {
+		o := k.newOp(ctx, tx)
+		if err := fn(o); err != nil {
+			return err
+		}
+		return o.finish()
+	})
+	if errors.Is(err, errStorageLimit) {
+		if ferr := k.failForStorage(ctx, executionID); ferr != nil {
+			return ferr
+		}
+		return errStorageLimit
+	}
+	return err
+}
+
+func (k *Kernel) failForStorage(ctx context.Context, executionID string) error {
+	return k.update(ctx, executionID, func(o *op) error {
+		if err := o.load(executionID, Caller{}); err != nil {
+			return err
+		}
+		if wire.ExecTerminal(o.e.Status) {
+			return nil
+		}
+		return o.terminate(wire.ExecFailed, wire.ReasonStorageLimitExceeded, wire.CauseExecutionFailed)
+	})
+}
+
+// terminate moves the execution to a terminal status and performs the
+// clean-up of §7.8 in the same transaction.
+func (o *op) terminate(status, reason, cause string) error {
+	e := o.e
+	e.Status = status
+	e.FailureReason = reason
+	e.UpdatedAt = o.now
+	p := (&jsonx.Object{}).String("execution_id", e.ID).String("status", status)
+	switch status {
+	case wire.ExecCompleted:
+		o.emit(wire.EventExecutionCompleted, p.Raw("output", e.Output))
+	case wire.ExecFailed:
+		if reason != "" {
+			p.String("reason", reason)
+		}
+		o.emit(wire.EventExecutionFailed, p)
+	case wire.ExecCancelled:
+		o.emit(wire.EventExecutionCancelled, p.String("reason", reason))
+	}
+	errJSON := (&jsonx.Object{}).String("reason", cause).Bytes()
+	if err := o.k.closeApprovals(o, cause); err != nil {
+		return err
+	}
+	open, err := o.tx.OpenSteps(o.ctx, e.ID)
+	if err != nil {
+		return fmt.Errorf("read open steps: %w", err)
+	}
+	for _, s := range open {
+		s.Status = wire.StepCancelled
+		s.Error = errJSON
+		s.ErrorReason = cause
+		s.CompletedAt = o.now
+		o.emit(wire.EventStepCancelled, stepPayload(s).Raw("error", errJSON))
+		s.TerminalSeq = o.e.LastSeq
+		if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+			return fmt.Errorf("cancel step: %w", err)
+		}
+	}
+	if err := o.tx.RetireDispatches(o.ctx, e.ID, "", o.now); err != nil {
+		return fmt.Errorf("retire dispatches: %w", err)
+	}
+	if err := o.tx.DeleteExecutionCounters(o.ctx, e.ID); err != nil {
+		return fmt.Errorf("delete counters: %w", err)
+	}
+	m := o.k.metrics
+	o.tx.AfterCommit(func() { m.ExecutionsCompleted.WithLabelValues(status).Inc() })
+	return nil
+}
+
+// closeApprovals expires the pending approvals of a terminating execution
+// (§7.8 step 1). Approvals arrive with the governance work; until then an
+// execution never has one.
+func (k *Kernel) closeApprovals(o *op, cause string) error { return nil }
+
+// stepPayload starts the payload every step.* event carries.
+func stepPayload(s *store.Step) *jsonx.Object {
+	return (&jsonx.Object{}).String("step_id", s.StepID).String("step_type", s.Kind).String("target", s.Target)
+}

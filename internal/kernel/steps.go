@@ -1,0 +1,534 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/rebuno/rebuno/internal/events"
+	"github.com/rebuno/rebuno/internal/identity"
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// SubmitRequest is a parsed submit body plus its occurrence header.
+type SubmitRequest struct {
+	Kind        string
+	Target      string
+	Args        []byte       // verbatim JSON; nil when absent or null
+	ArgsValue   *jsonx.Value // parsed args; nil when absent or null
+	Idempotency string
+	Resources   []string
+	// Occurrence is the Rebuno-Step-Occurrence header, when HasOccurrence.
+	Occurrence    int64
+	HasOccurrence bool
+}
+
+// ResourceEntry is one entry of a proceed decision's resources (§10.3).
+type ResourceEntry struct {
+	Key        string
+	Generation int64
+	Due        bool
+}
+
+// Decision is the 200 answer of submit and of step complete/fail.
+type Decision struct {
+	Decision     string
+	StepID       string
+	Result       []byte // present when non-nil
+	Error        []byte // present when non-nil
+	ApprovalID   string
+	Reason       string
+	RuleID       string
+	RetryAfterMS int64 // present when > 0
+	// Resources is sent on proceed only (always, [] when empty).
+	Resources []ResourceEntry
+	// Occurrence is echoed in the Rebuno-Step-Occurrence header when the
+	// decision names a step.
+	Occurrence int64
+}
+
+func terminalDecision() *Decision { return &Decision{Decision: wire.DecisionExecutionTerminal} }
+
+// validateSubmit applies the value rules of §10.1.
+func validateSubmit(r *SubmitRequest) error {
+	if !wire.ValidKind(r.Kind) {
+		if r.Kind == "" {
+			return validation("kind", "kind is required")
+		}
+		return validation("kind", "unknown kind %q", r.Kind)
+	}
+	if len(r.Target) > wire.MaxTargetBytes {
+		return validation("target", "target is longer than %d bytes", wire.MaxTargetBytes)
+	}
+	for i := 0; i < len(r.Target); i++ {
+		if c := r.Target[i]; c < 0x20 || c == 0x7f {
+			return validation("target", "target contains a control character")
+		}
+	}
+	switch r.Idempotency {
+	case "":
+		r.Idempotency = wire.SafeToRetry
+	case wire.SafeToRetry, wire.AtMostOnce:
+	default:
+		return validation("idempotency", "unknown idempotency %q", r.Idempotency)
+	}
+	if len(r.Resources) > 0 {
+		if r.Kind == wire.KindLLMCall {
+			return validation("resources", "resources are not allowed on an llm_call step")
+		}
+		seen := make(map[string]bool, len(r.Resources))
+		keys := r.Resources[:0:0]
+		for _, key := range r.Resources {
+			if !ValidResourceKey(key) {
+				return validation("resources", "invalid resource key %q", key)
+			}
+			if !seen[key] {
+				seen[key] = true
+				keys = append(keys, key)
+			}
+		}
+		if len(keys) > wire.MaxResourcesPerStep {
+			return validation("resources", "more than %d resource keys", wire.MaxResourcesPerStep)
+		}
+		r.Resources = keys
+	}
+	if r.HasOccurrence && r.Occurrence < 0 {
+		return validation(wire.HeaderStepOccurrence, "occurrence must not be negative")
+	}
+	return nil
+}
+
+// ValidResourceKey checks the key syntax of RESOURCES-AND-FORKS §1.
+func ValidResourceKey(key string) bool {
+	if len(key) < 1 || len(key) > wire.MaxResourceKeyBytes || key == "." || key == ".." {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// SubmitStep is the heart of the protocol (§10.2): it names the step, replays
+// what is recorded, and records what is new.
+func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
+	if h.ID == "" {
+		return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+	}
+	if err := validateSubmit(&r); err != nil {
+		return nil, err
+	}
+	args := r.Args
+	if len(args) == 0 {
+		args = []byte("null")
+	}
+	argsHash := identity.ArgsHash(r.ArgsValue)
+
+	var dec *Decision
+	err := k.update(ctx, id, func(o *op) error {
+		dec = nil
+		if err := o.load(id, c); err != nil {
+			return err
+		}
+		if wire.ExecTerminal(o.e.Status) {
+			dec = terminalDecision()
+			return nil
+		}
+		d, err := o.checkDispatch(h)
+		if err != nil {
+			return err
+		}
+		if o.superseded(d, h) {
+			return k.refuseSuperseded()
+		}
+		for _, key := range r.Resources {
+			if !contains(o.e.ResourceKeys, key) {
+				return validation("resources", "unknown resource key %q", key)
+			}
+		}
+		consumed, hasCounter, err := o.tx.Counter(o.ctx, d.ID, r.Kind, r.Target, argsHash)
+		if err != nil {
+			return fmt.Errorf("read counter: %w", err)
+		}
+		occ := int64(0)
+		if hasCounter {
+			occ = consumed + 1
+		}
+		if r.HasOccurrence {
+			highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
+			if err != nil {
+				return fmt.Errorf("read occurrences: %w", err)
+			}
+			limit := int64(0)
+			if found {
+				limit = highest + 1
+			}
+			if r.Occurrence > limit {
+				return &Error{Code: wire.CodeValidation, Field: wire.HeaderStepOccurrence,
+					Message: "validation error: occurrence is ahead of the kernel"}
+			}
+			occ = r.Occurrence
+		}
+		stepID := identity.StepID(o.e.ID, r.Kind, r.Target, argsHash, occ)
+
+		existing, err := o.tx.Step(o.ctx, o.e.ID, stepID)
+		switch {
+		case err == nil:
+			dec, err = o.replayStep(existing, d, h, r)
+			m := k.metrics
+			o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("true").Inc() })
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("read step: %w", err)
+		case o.e.Status == wire.ExecBlocked:
+			dec = &Decision{Decision: wire.DecisionExecutionBlocked}
+			err = nil
+		default:
+			dec, err = o.recordNewStep(stepID, occ, argsHash, args, d, h, r)
+			m := k.metrics
+			o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("false").Inc() })
+		}
+		if err != nil {
+			return err
+		}
+		if dec.StepID != "" {
+			dec.Occurrence = occ
+			if !hasCounter || occ > consumed {
+				if err := o.tx.SetCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash, occ); err != nil {
+					return fmt.Errorf("advance counter: %w", err)
+				}
+			}
+		}
+		if dec.Decision != wire.DecisionExecutionTerminal {
+			return o.renew(d, h)
+		}
+		return nil
+	})
+	if errors.Is(err, errStorageLimit) {
+		return terminalDecision(), nil
+	}
+	return dec, err
+}
+
+// replayStep answers a submit of a step that already exists (§12.1).
+func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
+	switch s.Status {
+	case wire.StepSucceeded:
+		return &Decision{Decision: wire.DecisionReplay, StepID: s.StepID, Result: nullIfEmpty(s.Result)}, nil
+	case wire.StepFailed, wire.StepCancelled:
+		return &Decision{Decision: wire.DecisionReplay, StepID: s.StepID, Error: nullIfEmpty(s.Error)}, nil
+	case wire.StepDenied:
+		return deniedDecision(s), nil
+	case wire.StepAwaitingApproval:
+		approvalID, err := o.k.pendingApprovalID(o, s)
+		if err != nil {
+			return nil, err
+		}
+		return &Decision{Decision: wire.DecisionBlocked, StepID: s.StepID, ApprovalID: approvalID}, nil
+	case wire.StepAllowed, wire.StepProposed:
+		o.enforce = true
+		if s.StartedAt.IsZero() {
+			s.StartedAt = o.now
+		}
+		return o.start(s, d, h, false)
+	case wire.StepExecuting:
+		if r.HasOccurrence && h.Attempt > 0 && s.DispatchID == d.ID && s.Attempt == h.Attempt {
+			// The proceed of this very attempt was lost; its body never ran.
+			return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+		}
+		o.enforce = true
+		if s.Idempotency == wire.AtMostOnce || r.Idempotency == wire.AtMostOnce {
+			errJSON := indeterminateError()
+			s.Status = wire.StepFailed
+			s.Error = errJSON
+			s.ErrorReason = wire.ReasonIndeterminate
+			s.CompletedAt = o.now
+			o.e.ByteCount += int64(len(errJSON))
+			o.emit(wire.EventStepFailed, stepPayload(s).Raw("error", errJSON))
+			s.TerminalSeq = o.e.LastSeq
+			if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+				return nil, fmt.Errorf("fail orphan step: %w", err)
+			}
+			return &Decision{Decision: wire.DecisionReplay, StepID: s.StepID, Error: errJSON}, nil
+		}
+		return o.start(s, d, h, true)
+	}
+	return nil, fmt.Errorf("step %s has unknown status %q", s.StepID, s.Status)
+}
+
+// start makes s executing under the requesting attempt and appends its live
+// start (§12.1, RESOURCES-AND-FORKS §3.2).
+func (o *op) start(s *store.Step, d *store.Dispatch, h DispatchHeaders, retry bool) (*Decision, error) {
+	s.Status = wire.StepExecuting
+	s.DispatchID = d.ID
+	s.Attempt = requestAttempt(d, h)
+	p := stepPayload(s)
+	if retry {
+		p.Bool("retry", true)
+	}
+	o.emit(wire.EventStepExecuting, p)
+	if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+		return nil, fmt.Errorf("start step: %w", err)
+	}
+	return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+}
+
+// requestAttempt is the attempt a request acts for: its header, else the
+// dispatch's current attempt.
+func requestAttempt(d *store.Dispatch, h DispatchHeaders) int64 {
+	if h.Attempt > 0 {
+		return h.Attempt
+	}
+	return d.Attempt
+}
+
+func deniedDecision(s *store.Step) *Decision {
+	reason, ruleID := wire.ReasonPolicyDenied, ""
+	if v, err := jsonx.Parse(s.Error, wire.MaxNesting); err == nil && v.Kind == jsonx.KindObject {
+		if r := v.Get("reason"); r != nil && r.Kind == jsonx.KindString && r.Str != "" {
+			reason = r.Str
+		}
+		if r := v.Get("rule_id"); r != nil && r.Kind == jsonx.KindString {
+			ruleID = r.Str
+		}
+	}
+	return &Decision{Decision: wire.DecisionDenied, StepID: s.StepID, Reason: reason, RuleID: ruleID}
+}
+
+func indeterminateError() []byte {
+	return (&jsonx.Object{}).String("message", wire.IndeterminateMessage).String("reason", wire.ReasonIndeterminate).Bytes()
+}
+
+func nullIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return []byte("null")
+	}
+	return b
+}
+
+// recordNewStep records a step never seen before (§10.2 steps 14–16, §10.4).
+func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byte, d *store.Dispatch, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
+	o.enforce = true
+	s := &store.Step{
+		ExecutionID: o.e.ID, StepID: stepID, Kind: r.Kind, Target: r.Target, ArgsHash: argsHash, Occurrence: occ,
+		Idempotency: r.Idempotency, Args: args, Resources: r.Resources, DispatchID: d.ID, Attempt: requestAttempt(d, h),
+	}
+	if s.Resources == nil {
+		s.Resources = []string{}
+	}
+	o.e.StepOrder++
+	o.e.StepCount++
+	o.e.ByteCount += int64(len(args))
+	s.Order = o.e.StepOrder
+
+	if r.Idempotency == wire.AtMostOnce {
+		refused, err := o.tx.HasIndeterminate(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
+		if err != nil {
+			return nil, fmt.Errorf("look up indeterminate predecessor: %w", err)
+		}
+		if refused {
+			return o.recordDenied(s, wire.ReasonIndeterminateRefused, wire.RuleIndeterminateRetry)
+		}
+	}
+
+	res := o.k.policy.Evaluate(o.agentBundle(), StepFacts{AgentID: o.e.AgentID, Kind: r.Kind, Target: r.Target, Args: r.ArgsValue})
+	m := o.k.metrics
+	kind := r.Kind
+	o.tx.AfterCommit(func() {
+		m.StepsSubmitted.WithLabelValues(kind).Inc()
+		m.PolicyDecisions.WithLabelValues(res.Decision).Inc()
+	})
+	switch res.Decision {
+	case PolicyDeny:
+		reason := res.Reason
+		if reason == "" {
+			reason = wire.ReasonPolicyDenied
+		}
+		return o.recordDenied(s, reason, res.RuleID)
+	case PolicyAllow:
+		s.Status = wire.StepExecuting
+		s.StartedAt = o.now
+		if err := o.tx.InsertStep(o.ctx, s); err != nil {
+			return nil, fmt.Errorf("insert step: %w", err)
+		}
+		o.emit(wire.EventStepProposed, stepPayload(s))
+		allowed := stepPayload(s)
+		if res.RuleID != "" {
+			allowed.String("rule_id", res.RuleID)
+		}
+		o.emit(wire.EventStepAllowed, allowed)
+		o.emit(wire.EventStepExecuting, stepPayload(s))
+		return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+	}
+	return nil, fmt.Errorf("policy returned unknown decision %q", res.Decision)
+}
+
+func (o *op) recordDenied(s *store.Step, reason, ruleID string) (*Decision, error) {
+	errObj := (&jsonx.Object{}).String("reason", reason)
+	if ruleID != "" {
+		errObj.String("rule_id", ruleID)
+	}
+	errJSON := errObj.Bytes()
+	s.Status = wire.StepDenied
+	s.Error = errJSON
+	s.ErrorReason = reason
+	s.CompletedAt = o.now
+	o.e.ByteCount += int64(len(errJSON))
+	o.emit(wire.EventStepProposed, stepPayload(s))
+	p := stepPayload(s).Raw("error", errJSON)
+	if ruleID != "" {
+		p.String("rule_id", ruleID)
+	}
+	o.emit(wire.EventStepDenied, p)
+	s.TerminalSeq = o.e.LastSeq
+	if err := o.tx.InsertStep(o.ctx, s); err != nil {
+		return nil, fmt.Errorf("insert step: %w", err)
+	}
+	return &Decision{Decision: wire.DecisionDenied, StepID: s.StepID, Reason: reason, RuleID: ruleID}, nil
+}
+
+// agentBundle returns the policy bundle of the execution's agent. Until
+// bundles are evaluated it is always empty (permissive).
+func (o *op) agentBundle() string { return "" }
+
+// pendingApprovalID finds the approval a step awaits. Approvals arrive with
+// the governance work; until then no step can be awaiting one.
+func (k *Kernel) pendingApprovalID(o *op, s *store.Step) (string, error) {
+	return "", fmt.Errorf("step %s awaits an approval, but approvals are not implemented", s.StepID)
+}
+
+// OutcomeRequest is a parsed step complete or fail body.
+type OutcomeRequest struct {
+	Succeeded bool
+	Value     []byte // result or error, verbatim; nil when absent or null
+}
+
+// RecordOutcome completes or fails a step (§13).
+func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string, h DispatchHeaders, r OutcomeRequest) (*Decision, error) {
+	var dec *Decision
+	err := k.update(ctx, id, func(o *op) error {
+		dec = nil
+		if err := o.load(id, c); err != nil {
+			return err
+		}
+		s, err := o.tx.Step(o.ctx, id, stepID)
+		if err != nil {
+			return notFoundOr(err, "step")
+		}
+		if wire.ExecTerminal(o.e.Status) {
+			dec = terminalDecision()
+			return nil
+		}
+		d, err := o.checkDispatch(h)
+		if err != nil {
+			return err
+		}
+		superseded := o.superseded(d, h)
+		switch {
+		case s.Status == wire.StepExecuting:
+			o.enforce = true
+			value := nullIfEmpty(r.Value)
+			o.e.ByteCount += int64(len(value))
+			s.CompletedAt = o.now
+			if r.Succeeded {
+				s.Status = wire.StepSucceeded
+				s.Result = value
+				o.emit(wire.EventStepSucceeded, stepPayload(s))
+			} else {
+				s.Status = wire.StepFailed
+				s.Error = value
+				s.ErrorReason = errorReason(value)
+				o.emit(wire.EventStepFailed, stepPayload(s).Raw("error", value))
+			}
+			s.TerminalSeq = o.e.LastSeq
+			if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+				return fmt.Errorf("record step outcome: %w", err)
+			}
+			dec = &Decision{Decision: wire.DecisionRecorded}
+			if !superseded {
+				return o.progress(d, h)
+			}
+			return nil
+		case superseded:
+			return k.refuseSuperseded()
+		case s.Status == wire.StepSucceeded:
+			dec = &Decision{Decision: wire.DecisionReplay, Result: nullIfEmpty(s.Result)}
+		case wire.StepTerminal(s.Status):
+			dec = &Decision{Decision: wire.DecisionReplay, Error: nullIfEmpty(s.Error)}
+		default:
+			return errConflict("step is not executing")
+		}
+		return nil
+	})
+	if errors.Is(err, errStorageLimit) {
+		return terminalDecision(), nil
+	}
+	return dec, err
+}
+
+// errorReason extracts error.reason for the indeterminate lookup (§12.4).
+func errorReason(errJSON []byte) string {
+	v, err := jsonx.Parse(errJSON, wire.MaxNesting)
+	if err != nil || v.Kind != jsonx.KindObject {
+		return ""
+	}
+	if r := v.Get("reason"); r != nil && r.Kind == jsonx.KindString {
+		return r.Str
+	}
+	return ""
+}
+
+// Heartbeat renews the lease of the requesting attempt (§9.3).
+func (k *Kernel) Heartbeat(ctx context.Context, c Caller, id string, h DispatchHeaders) error {
+	return k.update(ctx, id, func(o *op) error {
+		if err := o.load(id, c); err != nil {
+			return err
+		}
+		if wire.ExecTerminal(o.e.Status) {
+			return errTerminal()
+		}
+		d, err := o.checkDispatch(h)
+		if err != nil {
+			return err
+		}
+		if o.superseded(d, h) {
+			return k.refuseSuperseded()
+		}
+		return o.renew(d, h)
+	})
+}
+
+// StreamDelta offers a live delta of a running step to this execution's
+// consumers (§16). It changes no state, so it needs no write transaction.
+func (k *Kernel) StreamDelta(ctx context.Context, c Caller, id, stepID string, h DispatchHeaders, seq int64, data string) error {
+	if seq < 0 {
+		return validation("seq", "seq must not be negative")
+	}
+	if len(data) > wire.MaxDeltaBytes {
+		return validation("data", "data is longer than %d bytes", wire.MaxDeltaBytes)
+	}
+	if !utf8.ValidString(data) {
+		return validation("data", "data is not valid UTF-8")
+	}
+	r := k.store.Read()
+	e, err := r.Execution(ctx, id)
+	if err != nil {
+		return notFoundOr(err, "execution")
+	}
+	if c.Agent != "" && e.AgentID != c.Agent {
+		return errForbidden()
+	}
+	if _, err := r.Step(ctx, id, stepID); err != nil {
+		return notFoundOr(err, "step")
+	}
+	if _, err := validateDispatch(ctx, r, e, h, k.cfg.RequireDispatchHeaders); err != nil {
+		return err
+	}
+	k.hub.PublishDelta(id, events.Delta{StepID: stepID, Seq: seq, Data: data})
+	return nil
+}

@@ -1,0 +1,128 @@
+package sqlite
+
+// migrations are applied in order; the index of each entry plus one is the
+// schema version it produces. Append only: a shipped migration never changes.
+var migrations = []string{
+	`
+CREATE TABLE agents (
+  id TEXT PRIMARY KEY,
+  webhook_url TEXT NOT NULL,
+  secret TEXT NOT NULL,
+  policy_bundle TEXT NOT NULL DEFAULT '',
+  lease_timeout_seconds INTEGER NOT NULL DEFAULT 0,
+  description TEXT NOT NULL DEFAULT '',
+  input_schema BLOB,
+  output_schema BLOB,
+  registered_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+
+CREATE TABLE executions (
+  id TEXT PRIMARY KEY,
+  agent_id TEXT NOT NULL,
+  agent_version TEXT NOT NULL DEFAULT '',
+  input BLOB NOT NULL,
+  status TEXT NOT NULL,
+  output BLOB,
+  state BLOB,
+  failure_reason TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  deadline_at INTEGER NOT NULL DEFAULT 0,
+  parent_execution_id TEXT NOT NULL DEFAULT '',
+  idempotency_key TEXT NOT NULL DEFAULT '',
+  on_behalf_of TEXT NOT NULL DEFAULT '',
+  forked_from TEXT NOT NULL DEFAULT '',
+  fork_seq INTEGER NOT NULL DEFAULT 0,
+  restoration BLOB,
+  resource_keys TEXT NOT NULL DEFAULT '[]',
+  dispatch_id TEXT NOT NULL DEFAULT '',
+  last_seq INTEGER NOT NULL DEFAULT 0,
+  step_order INTEGER NOT NULL DEFAULT 0,
+  step_count INTEGER NOT NULL DEFAULT 0,
+  byte_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX executions_by_agent ON executions (agent_id, id);
+CREATE INDEX executions_by_status ON executions (status, id);
+CREATE INDEX executions_live_deadline ON executions (deadline_at)
+  WHERE deadline_at > 0 AND status IN ('pending','running','blocked');
+CREATE INDEX executions_terminal_age ON executions (updated_at)
+  WHERE status IN ('completed','failed','cancelled');
+
+CREATE TABLE events (
+  execution_id TEXT NOT NULL,
+  event_seq INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  payload BLOB NOT NULL,
+  occurred_at INTEGER NOT NULL,
+  PRIMARY KEY (execution_id, event_seq)
+) WITHOUT ROWID;
+
+CREATE TABLE steps (
+  execution_id TEXT NOT NULL,
+  step_id TEXT NOT NULL,
+  step_order INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  target TEXT NOT NULL,
+  args_hash TEXT NOT NULL,
+  occurrence INTEGER NOT NULL,
+  status TEXT NOT NULL,
+  idempotency TEXT NOT NULL,
+  args BLOB NOT NULL,
+  result BLOB,
+  error BLOB,
+  error_reason TEXT NOT NULL DEFAULT '',
+  resources TEXT NOT NULL DEFAULT '[]',
+  started_at INTEGER NOT NULL DEFAULT 0,
+  completed_at INTEGER NOT NULL DEFAULT 0,
+  dispatch_id TEXT NOT NULL DEFAULT '',
+  attempt INTEGER NOT NULL DEFAULT 0,
+  terminal_seq INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (execution_id, step_id)
+);
+CREATE INDEX steps_by_identity ON steps (execution_id, kind, target, args_hash, occurrence);
+CREATE INDEX steps_by_order ON steps (execution_id, step_order);
+CREATE INDEX steps_open ON steps (execution_id, step_order) WHERE status IN ('allowed','executing');
+
+CREATE TABLE dispatches (
+  id TEXT PRIMARY KEY,
+  execution_id TEXT NOT NULL,
+  status TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  max_attempts INTEGER NOT NULL,
+  progress_attempt INTEGER NOT NULL,
+  lease_timeout INTEGER NOT NULL,
+  next_attempt_at INTEGER NOT NULL,
+  lease_expires_at INTEGER NOT NULL,
+  claimed_by TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+CREATE INDEX dispatches_due ON dispatches (status, next_attempt_at);
+CREATE INDEX dispatches_lease ON dispatches (status, lease_expires_at);
+CREATE INDEX dispatches_by_execution ON dispatches (execution_id);
+
+CREATE TABLE counters (
+  dispatch_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target TEXT NOT NULL,
+  args_hash TEXT NOT NULL,
+  execution_id TEXT NOT NULL,
+  consumed INTEGER NOT NULL,
+  PRIMARY KEY (dispatch_id, kind, target, args_hash)
+);
+CREATE INDEX counters_by_execution ON counters (execution_id);
+
+CREATE TABLE idempotency_keys (
+  route TEXT NOT NULL,
+  scope TEXT NOT NULL,
+  idem_key TEXT NOT NULL,
+  body_hash TEXT NOT NULL,
+  execution_id TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  PRIMARY KEY (route, scope, idem_key)
+);
+CREATE INDEX idempotency_by_execution ON idempotency_keys (execution_id);
+CREATE INDEX idempotency_by_age ON idempotency_keys (created_at);
+`,
+}

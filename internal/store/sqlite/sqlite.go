@@ -1,0 +1,433 @@
+// Package sqlite is the embedded store behind `rebuno dev`: one SQLite file in
+// WAL mode with synchronous commits.
+//
+// Throughput comes from group commit. A single writer goroutine owns the only
+// write connection; it takes every transaction that is waiting, runs each in
+// a savepoint of one shared SQLite transaction, and commits them with one
+// fsync. A transaction that fails rolls back to its savepoint without
+// touching the others, and no caller is answered before the shared commit is
+// durable, so atomicity and durability per request are what they would be
+// with one commit each.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/store/sqlstore"
+)
+
+// MaxBatch bounds how many transactions share one commit, so that one commit
+// never holds the first caller for long.
+const MaxBatch = 256
+
+// Observer receives commit measurements (the metrics package implements it).
+type Observer interface {
+	ObserveCommit(batchSize int, d time.Duration)
+}
+
+// Options configure Open.
+type Options struct {
+	// Path is the database file, or ":memory:" for a throwaway database kept
+	// in a temporary file that is removed on Close.
+	Path     string
+	Observer Observer
+	Logger   *slog.Logger
+}
+
+// Store is the SQLite implementation of store.Store.
+type Store struct {
+	write    *sql.DB
+	read     *sql.DB
+	readQ    *sqlstore.Queries
+	jobs     chan *job
+	stop     chan struct{}
+	stopped  chan struct{}
+	obs      Observer
+	log      *slog.Logger
+	tempDir  string
+	path     string
+	Durable  bool
+	closeMux sync.Once
+}
+
+type job struct {
+	ctx  context.Context
+	fn   func(ctx context.Context, tx store.Tx) error
+	done chan error
+	tx   *sqlstore.Tx
+	err  error
+}
+
+type dialect struct{}
+
+func (dialect) Rebind(q string) string   { return q }
+func (dialect) LockSuffix() string       { return "" }
+func (dialect) SkipLockedSuffix() string { return "" }
+
+// Open opens (creating if needed) the database and starts the writer.
+func Open(opt Options) (*Store, error) {
+	s := &Store{jobs: make(chan *job, 4*MaxBatch), stop: make(chan struct{}), stopped: make(chan struct{}),
+		obs: opt.Observer, log: opt.Logger, Durable: true}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	path := opt.Path
+	syncMode := "FULL"
+	if path == ":memory:" {
+		dir, err := os.MkdirTemp("", "rebuno-mem-")
+		if err != nil {
+			return nil, fmt.Errorf("create temporary database folder: %w", err)
+		}
+		s.tempDir = dir
+		path = filepath.Join(dir, "rebuno.db")
+		syncMode = "OFF"
+		s.Durable = false
+	}
+	if err := prepareFile(path, s.log); err != nil {
+		s.removeTemp()
+		return nil, err
+	}
+	s.path = path
+	base := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(0)"
+	var err error
+	if s.write, err = sql.Open("sqlite", base+"&_pragma=synchronous("+syncMode+")"); err != nil {
+		s.removeTemp()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	s.write.SetMaxOpenConns(1)
+	s.write.SetMaxIdleConns(1)
+	s.write.SetConnMaxLifetime(0)
+	if err := migrate(s.write); err != nil {
+		s.write.Close()
+		s.removeTemp()
+		return nil, err
+	}
+	if s.read, err = sql.Open("sqlite", base+"&_pragma=query_only(1)"); err != nil {
+		s.write.Close()
+		s.removeTemp()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	s.read.SetMaxOpenConns(8)
+	s.read.SetMaxIdleConns(8)
+	s.readQ = &sqlstore.Queries{Q: newStmtCache(s.read.PrepareContext, s.read), D: dialect{}}
+
+	conn, err := s.write.Conn(context.Background())
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open write connection: %w", err)
+	}
+	go s.writer(conn)
+	return s, nil
+}
+
+// prepareFile creates the folder (0700) and the file (0600) before SQLite
+// does, because agent secrets are stored in it (§24.3).
+func prepareFile(path string, log *slog.Logger) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("create database folder %s: %w", dir, err)
+		}
+	}
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+		if err != nil {
+			return fmt.Errorf("create database %s: %w", path, err)
+		}
+		return f.Close()
+	case err != nil:
+		return fmt.Errorf("stat database %s: %w", path, err)
+	case st.IsDir():
+		return fmt.Errorf("database path %s is a folder", path)
+	case st.Mode().Perm()&0o077 != 0:
+		log.Warn("database file is readable by other users; it holds agent secrets", "path", path, "mode", st.Mode().Perm().String())
+	}
+	return nil
+}
+
+func migrate(db *sql.DB) error {
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	var v int
+	err := db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, err := db.ExecContext(ctx, `INSERT INTO schema_version (version) VALUES (0)`); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("migrate: read schema version: %w", err)
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("database schema version %d is newer than this binary knows (%d); use a newer rebuno", v, len(migrations))
+	}
+	for i := v; i < len(migrations); i++ {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("migrate to %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate to %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, i+1); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate to %d: %w", i+1, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migrate to %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// Path is the database file in use.
+func (s *Store) Path() string { return s.path }
+
+// Read implements store.Store.
+func (s *Store) Read() store.Reader { return s.readQ }
+
+// Ping implements store.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.read.QueryRowContext(ctx, `SELECT 1`).Scan(&one); err != nil {
+		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Update implements store.Store. The lock argument is not needed: the single
+// writer serialises every transaction.
+func (s *Store) Update(ctx context.Context, _ string, fn func(ctx context.Context, tx store.Tx) error) error {
+	j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	select {
+	case s.jobs <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.stop:
+		return fmt.Errorf("%w: store closed", store.ErrUnavailable)
+	}
+	// Once queued, wait for the outcome even if the caller gives up: the
+	// transaction may commit, and the caller must not report otherwise.
+	select {
+	case err := <-j.done:
+		return err
+	case <-s.stopped:
+		select {
+		case err := <-j.done:
+			return err
+		default:
+			return fmt.Errorf("%w: store closed", store.ErrUnavailable)
+		}
+	}
+}
+
+func (s *Store) writer(conn *sql.Conn) {
+	defer close(s.stopped)
+	defer conn.Close()
+	q := newStmtCache(conn.PrepareContext, conn)
+	defer q.close()
+	ctx := context.Background()
+	batch := make([]*job, 0, MaxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case j := <-s.jobs:
+			batch = append(batch, j)
+		case <-s.stop:
+			return
+		}
+	drain:
+		for len(batch) < MaxBatch {
+			select {
+			case j := <-s.jobs:
+				batch = append(batch, j)
+			default:
+				break drain
+			}
+		}
+		s.runBatch(ctx, q, batch)
+	}
+}
+
+func (s *Store) runBatch(ctx context.Context, q *stmtCache, batch []*job) {
+	start := time.Now()
+	fail := func(err error) {
+		for _, j := range batch {
+			if j.err == nil {
+				j.err = err
+			}
+			j.done <- j.err
+		}
+	}
+	if _, err := q.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		fail(fmt.Errorf("%w: begin: %v", store.ErrUnavailable, err))
+		return
+	}
+	for _, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			j.err = err
+			continue
+		}
+		if _, err := q.ExecContext(ctx, "SAVEPOINT unit"); err != nil {
+			q.ExecContext(ctx, "ROLLBACK")
+			fail(fmt.Errorf("%w: savepoint: %v", store.ErrUnavailable, err))
+			return
+		}
+		tx := sqlstore.NewTx(q, dialect{})
+		err := runUnit(ctx, j.fn, tx)
+		if err != nil {
+			if _, rerr := q.ExecContext(ctx, "ROLLBACK TO unit"); rerr != nil {
+				q.ExecContext(ctx, "ROLLBACK")
+				fail(fmt.Errorf("%w: rollback to savepoint: %v", store.ErrUnavailable, rerr))
+				return
+			}
+			j.err = err
+		} else {
+			j.tx = tx
+		}
+		if _, err := q.ExecContext(ctx, "RELEASE unit"); err != nil {
+			q.ExecContext(ctx, "ROLLBACK")
+			fail(fmt.Errorf("%w: release savepoint: %v", store.ErrUnavailable, err))
+			return
+		}
+	}
+	if _, err := q.ExecContext(ctx, "COMMIT"); err != nil {
+		q.ExecContext(ctx, "ROLLBACK")
+		fail(fmt.Errorf("%w: commit: %v", store.ErrUnavailable, err))
+		return
+	}
+	if s.obs != nil {
+		s.obs.ObserveCommit(len(batch), time.Since(start))
+	}
+	for _, j := range batch {
+		if j.err == nil {
+			j.tx.Committed()
+		}
+		j.done <- j.err
+	}
+}
+
+// runUnit runs one caller's function, turning a panic into an error so that a
+// bug in one request cannot take down the writer every request depends on.
+func runUnit(ctx context.Context, fn func(context.Context, store.Tx) error, tx store.Tx) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in transaction: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn(ctx, tx)
+}
+
+// Close stops the writer after the transactions already queued and closes the
+// database.
+func (s *Store) Close() error {
+	var err error
+	s.closeMux.Do(func() {
+		close(s.stop)
+		<-s.stopped
+		s.readQ.Q.(*stmtCache).close()
+		err = errors.Join(s.read.Close(), s.write.Close())
+		s.removeTemp()
+	})
+	return err
+}
+
+func (s *Store) removeTemp() {
+	if s.tempDir != "" {
+		os.RemoveAll(s.tempDir)
+	}
+}
+
+// stmtCache prepares each distinct query once per connection pool.
+type stmtCache struct {
+	mu      sync.Mutex
+	prepare func(ctx context.Context, query string) (*sql.Stmt, error)
+	direct  sqlstore.Querier
+	stmts   map[string]*sql.Stmt
+}
+
+// maxCached bounds the cache: queries built with a variable number of
+// placeholders beyond it run unprepared.
+const maxCached = 512
+
+type preparer interface {
+	sqlstore.Querier
+}
+
+func newStmtCache(prepare func(ctx context.Context, query string) (*sql.Stmt, error), direct preparer) *stmtCache {
+	return &stmtCache{prepare: prepare, direct: direct, stmts: map[string]*sql.Stmt{}}
+}
+
+func (c *stmtCache) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.stmts[query]; ok {
+		return st, nil
+	}
+	if len(c.stmts) >= maxCached {
+		return nil, nil
+	}
+	st, err := c.prepare(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	c.stmts[query] = st
+	return st, nil
+}
+
+func (c *stmtCache) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return c.direct.ExecContext(ctx, query, args...)
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return c.direct.QueryContext(ctx, query, args...)
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := c.stmt(ctx, query)
+	if err != nil || st == nil {
+		// A failed prepare resurfaces from the direct query with the same error.
+		return c.direct.QueryRowContext(ctx, query, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (c *stmtCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.stmts {
+		st.Close()
+	}
+	c.stmts = map[string]*sql.Stmt{}
+}

@@ -1,0 +1,635 @@
+// Package sqlstore implements the store interfaces once, in SQL that both
+// SQLite and Postgres accept. The few places where the two differ (placeholder
+// syntax, schema types, row locking) go through Dialect, so every rule of the
+// data model has exactly one implementation.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// Querier is what both a connection and a transaction offer. Backends may
+// wrap it with a prepared-statement cache.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Dialect is the seam between SQL backends.
+type Dialect interface {
+	// Rebind rewrites '?' placeholders into the backend's syntax.
+	Rebind(query string) string
+	// LockSuffix is appended to the execution read that takes the per-execution
+	// lock inside a write transaction ("" when the backend serialises writers).
+	LockSuffix() string
+	// SkipLockedSuffix is appended to scheduling reads in write transactions.
+	SkipLockedSuffix() string
+}
+
+// Queries implements store.Reader over a Querier.
+type Queries struct {
+	Q Querier
+	D Dialect
+}
+
+// Tx implements store.Tx over a Querier inside an open transaction.
+type Tx struct {
+	Queries
+	after []func()
+}
+
+// NewTx returns a Tx writing through q.
+func NewTx(q Querier, d Dialect) *Tx { return &Tx{Queries: Queries{Q: q, D: d}} }
+
+// AfterCommit implements store.Tx.
+func (t *Tx) AfterCommit(f func()) { t.after = append(t.after, f) }
+
+// Committed runs the after-commit callbacks; backends call it once the
+// transaction is durable.
+func (t *Tx) Committed() {
+	for _, f := range t.after {
+		f()
+	}
+	t.after = nil
+}
+
+var (
+	_ store.Reader = (*Queries)(nil)
+	_ store.Tx     = (*Tx)(nil)
+)
+
+func (q *Queries) exec(ctx context.Context, query string, args ...any) error {
+	_, err := q.Q.ExecContext(ctx, q.D.Rebind(query), args...)
+	return err
+}
+
+func (q *Queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return q.Q.QueryContext(ctx, q.D.Rebind(query), args...)
+}
+
+func (q *Queries) row(ctx context.Context, query string, args ...any) *sql.Row {
+	return q.Q.QueryRowContext(ctx, q.D.Rebind(query), args...)
+}
+
+// Times are stored as Unix microseconds; 0 means unset.
+func ts(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+func fromTS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(v).UTC()
+}
+
+func encodeList(l []string) string {
+	if len(l) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(l)
+	return string(b)
+}
+
+func decodeList(s string) ([]string, error) {
+	var l []string
+	if s == "" || s == "[]" {
+		return []string{}, nil
+	}
+	if err := json.Unmarshal([]byte(s), &l); err != nil {
+		return nil, fmt.Errorf("decode list: %w", err)
+	}
+	return l, nil
+}
+
+func notFound(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	return err
+}
+
+// nonTerminalList is the SQL list of live execution statuses.
+var nonTerminalList = "'" + wire.ExecPending + "','" + wire.ExecRunning + "','" + wire.ExecBlocked + "'"
+
+// ---- executions ----
+
+const executionCols = `id, agent_id, agent_version, input, status, output, state, failure_reason,
+ created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
+ forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanExecution(s scanner) (*store.Execution, error) {
+	var e store.Execution
+	var created, updated, deadline int64
+	var keys string
+	err := s.Scan(&e.ID, &e.AgentID, &e.AgentVersion, &e.Input, &e.Status, &e.Output, &e.State, &e.FailureReason,
+		&created, &updated, &deadline, &e.ParentID, &e.IdempotencyKey, &e.OnBehalfOf,
+		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount)
+	if err != nil {
+		return nil, err
+	}
+	e.CreatedAt, e.UpdatedAt, e.DeadlineAt = fromTS(created), fromTS(updated), fromTS(deadline)
+	if e.ResourceKeys, err = decodeList(keys); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// Execution implements store.Reader. Inside a write transaction it also takes
+// the execution's row lock where the dialect needs one.
+func (q *Queries) Execution(ctx context.Context, id string) (*store.Execution, error) {
+	e, err := scanExecution(q.row(ctx, `SELECT `+executionCols+` FROM executions WHERE id = ?`+q.D.LockSuffix(), id))
+	return e, notFound(err)
+}
+
+func (q *Queries) ListExecutions(ctx context.Context, f store.ExecutionFilter) ([]*store.Execution, error) {
+	var where []string
+	var args []any
+	if f.AgentID != "" {
+		where = append(where, "agent_id = ?")
+		args = append(args, f.AgentID)
+	}
+	if f.Status != "" {
+		where = append(where, "status = ?")
+		args = append(args, f.Status)
+	}
+	if f.Cursor != "" {
+		where = append(where, "id < ?")
+		args = append(args, f.Cursor)
+	}
+	query := `SELECT ` + executionCols + ` FROM executions`
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY id DESC LIMIT ?"
+	args = append(args, f.Limit)
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*store.Execution{}
+	for rows.Next() {
+		e, err := scanExecution(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
+	return t.exec(ctx, `INSERT INTO executions (`+executionCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		e.ID, e.AgentID, e.AgentVersion, e.Input, e.Status, e.Output, e.State, e.FailureReason,
+		ts(e.CreatedAt), ts(e.UpdatedAt), ts(e.DeadlineAt), e.ParentID, e.IdempotencyKey, e.OnBehalfOf,
+		e.ForkedFrom, e.ForkSeq, e.Restoration, encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount)
+}
+
+func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
+	return t.exec(ctx, `UPDATE executions SET status = ?, output = ?, state = ?, failure_reason = ?, updated_at = ?,
+ resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
+		e.Status, e.Output, e.State, e.FailureReason, ts(e.UpdatedAt),
+		encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
+}
+
+// DeleteExecution removes an execution and everything that belongs to it.
+func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
+	for _, stmt := range []string{
+		`DELETE FROM events WHERE execution_id = ?`,
+		`DELETE FROM steps WHERE execution_id = ?`,
+		`DELETE FROM counters WHERE execution_id = ?`,
+		`DELETE FROM dispatches WHERE execution_id = ?`,
+		`DELETE FROM idempotency_keys WHERE execution_id = ?`,
+		`DELETE FROM executions WHERE id = ?`,
+	} {
+		if err := t.exec(ctx, stmt, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- events ----
+
+func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO events (execution_id, event_seq, type, payload, occurred_at) VALUES `)
+	args := make([]any, 0, 5*len(events))
+	for i, ev := range events {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?)")
+		args = append(args, ev.ExecutionID, ev.Seq, ev.Type, ev.Payload, ts(ev.OccurredAt))
+	}
+	return t.exec(ctx, b.String(), args...)
+}
+
+func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*store.Event, error) {
+	rows, err := q.query(ctx, `SELECT event_seq, type, payload, occurred_at FROM events
+ WHERE execution_id = ? AND event_seq > ? ORDER BY event_seq LIMIT ?`, executionID, afterSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*store.Event{}
+	for rows.Next() {
+		ev := &store.Event{ExecutionID: executionID}
+		var at int64
+		if err := rows.Scan(&ev.Seq, &ev.Type, &ev.Payload, &at); err != nil {
+			return nil, err
+		}
+		ev.OccurredAt = fromTS(at)
+		out = append(out, ev)
+	}
+	return out, rows.Err()
+}
+
+// ---- steps ----
+
+const stepCols = `execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency,
+ args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq`
+
+func scanStep(s scanner) (*store.Step, error) {
+	var st store.Step
+	var started, completed int64
+	var res string
+	err := s.Scan(&st.ExecutionID, &st.StepID, &st.Order, &st.Kind, &st.Target, &st.ArgsHash, &st.Occurrence,
+		&st.Status, &st.Idempotency, &st.Args, &st.Result, &st.Error, &st.ErrorReason, &res,
+		&started, &completed, &st.DispatchID, &st.Attempt, &st.TerminalSeq)
+	if err != nil {
+		return nil, err
+	}
+	st.StartedAt, st.CompletedAt = fromTS(started), fromTS(completed)
+	if st.Resources, err = decodeList(res); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+func (q *Queries) Step(ctx context.Context, executionID, stepID string) (*store.Step, error) {
+	s, err := scanStep(q.row(ctx, `SELECT `+stepCols+` FROM steps WHERE execution_id = ? AND step_id = ?`, executionID, stepID))
+	return s, notFound(err)
+}
+
+func (q *Queries) Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*store.Step, error) {
+	query := `SELECT ` + stepCols + ` FROM steps WHERE execution_id = ? AND step_order > ?`
+	args := []any{executionID, afterOrder}
+	if len(statuses) > 0 {
+		query += " AND status IN (?" + strings.Repeat(",?", len(statuses)-1) + ")"
+		for _, s := range statuses {
+			args = append(args, s)
+		}
+	}
+	query += " ORDER BY step_order LIMIT ?"
+	args = append(args, limit)
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*store.Step{}
+	for rows.Next() {
+		s, err := scanStep(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+func (q *Queries) OpenSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
+	// The status list is literal so that the partial index applies.
+	rows, err := q.query(ctx, `SELECT `+stepCols+` FROM steps WHERE execution_id = ? AND status IN ('allowed','executing') ORDER BY step_order`, executionID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*store.Step{}
+	for rows.Next() {
+		s, err := scanStep(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+func (q *Queries) MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (int64, bool, error) {
+	var occ sql.NullInt64
+	err := q.row(ctx, `SELECT MAX(occurrence) FROM steps WHERE execution_id = ? AND kind = ? AND target = ? AND args_hash = ?`,
+		executionID, kind, target, argsHash).Scan(&occ)
+	if err != nil {
+		return 0, false, err
+	}
+	return occ.Int64, occ.Valid, nil
+}
+
+func (q *Queries) HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error) {
+	var one int
+	err := q.row(ctx, `SELECT 1 FROM steps WHERE execution_id = ? AND kind = ? AND target = ? AND args_hash = ?
+ AND status = ? AND error_reason = ? LIMIT 1`, executionID, kind, target, argsHash, wire.StepFailed, wire.ReasonIndeterminate).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (t *Tx) InsertStep(ctx context.Context, s *store.Step) error {
+	return t.exec(ctx, `INSERT INTO steps (`+stepCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
+		s.Args, s.Result, s.Error, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt),
+		s.DispatchID, s.Attempt, s.TerminalSeq)
+}
+
+func (t *Tx) UpdateStep(ctx context.Context, s *store.Step) error {
+	return t.exec(ctx, `UPDATE steps SET status = ?, idempotency = ?, result = ?, error = ?, error_reason = ?,
+ started_at = ?, completed_at = ?, dispatch_id = ?, attempt = ?, terminal_seq = ? WHERE execution_id = ? AND step_id = ?`,
+		s.Status, s.Idempotency, s.Result, s.Error, s.ErrorReason, ts(s.StartedAt), ts(s.CompletedAt),
+		s.DispatchID, s.Attempt, s.TerminalSeq, s.ExecutionID, s.StepID)
+}
+
+// ---- dispatches ----
+
+const dispatchCols = `id, execution_id, status, attempt, max_attempts, progress_attempt, lease_timeout,
+ next_attempt_at, lease_expires_at, claimed_by, created_at, updated_at`
+
+func (q *Queries) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
+	var d store.Dispatch
+	var next, lease, created, updated int64
+	err := q.row(ctx, `SELECT `+dispatchCols+` FROM dispatches WHERE id = ?`, id).Scan(&d.ID, &d.ExecutionID, &d.Status,
+		&d.Attempt, &d.MaxAttempts, &d.ProgressAttempt, &d.LeaseTimeout, &next, &lease, &d.ClaimedBy, &created, &updated)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	d.NextAttemptAt, d.LeaseExpiresAt, d.CreatedAt, d.UpdatedAt = fromTS(next), fromTS(lease), fromTS(created), fromTS(updated)
+	return &d, nil
+}
+
+func (t *Tx) InsertDispatch(ctx context.Context, d *store.Dispatch) error {
+	return t.exec(ctx, `INSERT INTO dispatches (`+dispatchCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+		d.ID, d.ExecutionID, d.Status, d.Attempt, d.MaxAttempts, d.ProgressAttempt, d.LeaseTimeout,
+		ts(d.NextAttemptAt), ts(d.LeaseExpiresAt), d.ClaimedBy, ts(d.CreatedAt), ts(d.UpdatedAt))
+}
+
+func (t *Tx) UpdateDispatch(ctx context.Context, d *store.Dispatch) error {
+	return t.exec(ctx, `UPDATE dispatches SET status = ?, attempt = ?, progress_attempt = ?, lease_timeout = ?,
+ next_attempt_at = ?, lease_expires_at = ?, claimed_by = ?, updated_at = ? WHERE id = ?`,
+		d.Status, d.Attempt, d.ProgressAttempt, d.LeaseTimeout, ts(d.NextAttemptAt), ts(d.LeaseExpiresAt),
+		d.ClaimedBy, ts(d.UpdatedAt), d.ID)
+}
+
+func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, now time.Time) error {
+	return t.exec(ctx, `UPDATE dispatches SET status = ?, updated_at = ? WHERE execution_id = ? AND id <> ? AND status <> ?`,
+		wire.DispatchRetired, ts(now), executionID, keepID, wire.DispatchRetired)
+}
+
+func (q *Queries) dispatchRefs(ctx context.Context, query string, args ...any) ([]store.DispatchRef, error) {
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []store.DispatchRef{}
+	for rows.Next() {
+		var r store.DispatchRef
+		if err := rows.Scan(&r.ID, &r.ExecutionID); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func (q *Queries) DueDispatches(ctx context.Context, now time.Time, limit int) ([]store.DispatchRef, error) {
+	return q.dispatchRefs(ctx, `SELECT id, execution_id FROM dispatches WHERE status IN (?, ?) AND next_attempt_at <= ?
+ ORDER BY next_attempt_at LIMIT ?`, wire.DispatchPending, wire.DispatchFailed, ts(now), limit)
+}
+
+func (q *Queries) ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]store.DispatchRef, error) {
+	return q.dispatchRefs(ctx, `SELECT id, execution_id FROM dispatches WHERE status = ? AND lease_expires_at <= ?
+ ORDER BY lease_expires_at LIMIT ?`, wire.DispatchInFlight, ts(now), limit)
+}
+
+func (q *Queries) NextWake(ctx context.Context) (time.Time, error) {
+	var due, lease sql.NullInt64
+	err := q.row(ctx, `SELECT (SELECT MIN(next_attempt_at) FROM dispatches WHERE status IN (?, ?)),
+ (SELECT MIN(lease_expires_at) FROM dispatches WHERE status = ?)`,
+		wire.DispatchPending, wire.DispatchFailed, wire.DispatchInFlight).Scan(&due, &lease)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var next int64
+	for _, v := range []sql.NullInt64{due, lease} {
+		if v.Valid && (next == 0 || v.Int64 < next) {
+			next = v.Int64
+		}
+	}
+	return fromTS(next), nil
+}
+
+func (q *Queries) QueueDepth(ctx context.Context, now time.Time) (int64, error) {
+	var n int64
+	err := q.row(ctx, `SELECT COUNT(*) FROM dispatches WHERE status IN (?, ?) AND next_attempt_at <= ?`,
+		wire.DispatchPending, wire.DispatchFailed, ts(now)).Scan(&n)
+	return n, err
+}
+
+// ---- occurrence counters ----
+
+func (q *Queries) Counter(ctx context.Context, dispatchID, kind, target, argsHash string) (int64, bool, error) {
+	var v int64
+	err := q.row(ctx, `SELECT consumed FROM counters WHERE dispatch_id = ? AND kind = ? AND target = ? AND args_hash = ?`,
+		dispatchID, kind, target, argsHash).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return v, err == nil, err
+}
+
+func (t *Tx) SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error {
+	return t.exec(ctx, `INSERT INTO counters (dispatch_id, kind, target, args_hash, execution_id, consumed) VALUES (?,?,?,?,?,?)
+ ON CONFLICT (dispatch_id, kind, target, args_hash) DO UPDATE SET consumed = excluded.consumed`,
+		dispatchID, kind, target, argsHash, executionID, consumed)
+}
+
+func (t *Tx) DeleteDispatchCounters(ctx context.Context, dispatchID string) error {
+	return t.exec(ctx, `DELETE FROM counters WHERE dispatch_id = ?`, dispatchID)
+}
+
+func (t *Tx) DeleteExecutionCounters(ctx context.Context, executionID string) error {
+	return t.exec(ctx, `DELETE FROM counters WHERE execution_id = ?`, executionID)
+}
+
+// ---- agents ----
+
+const agentCols = `id, webhook_url, secret, policy_bundle, lease_timeout_seconds, description, input_schema,
+ output_schema, registered_at, updated_at`
+
+func scanAgent(s scanner) (*store.Agent, error) {
+	var a store.Agent
+	var reg, upd int64
+	if err := s.Scan(&a.ID, &a.WebhookURL, &a.Secret, &a.PolicyBundle, &a.LeaseTimeoutSeconds, &a.Description,
+		&a.InputSchema, &a.OutputSchema, &reg, &upd); err != nil {
+		return nil, err
+	}
+	a.RegisteredAt, a.UpdatedAt = fromTS(reg), fromTS(upd)
+	return &a, nil
+}
+
+func (q *Queries) Agent(ctx context.Context, id string) (*store.Agent, error) {
+	a, err := scanAgent(q.row(ctx, `SELECT `+agentCols+` FROM agents WHERE id = ?`, id))
+	return a, notFound(err)
+}
+
+func (q *Queries) ListAgents(ctx context.Context) ([]*store.Agent, error) {
+	rows, err := q.query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*store.Agent{}
+	for rows.Next() {
+		a, err := scanAgent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+func (q *Queries) AgentHasLiveExecutions(ctx context.Context, agentID string) (bool, error) {
+	var one int
+	err := q.row(ctx, `SELECT 1 FROM executions WHERE agent_id = ? AND status IN (`+nonTerminalList+`) LIMIT 1`, agentID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// UpsertAgent creates the agent or updates its webhook URL, secret and lease
+// timeout, keeping the policy, metadata and registration time (§21.1). The
+// policy bundle of a is written only on insert.
+func (t *Tx) UpsertAgent(ctx context.Context, a *store.Agent) error {
+	return t.exec(ctx, `INSERT INTO agents (`+agentCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)
+ ON CONFLICT (id) DO UPDATE SET webhook_url = excluded.webhook_url, secret = excluded.secret,
+ lease_timeout_seconds = excluded.lease_timeout_seconds, updated_at = excluded.updated_at`,
+		a.ID, a.WebhookURL, a.Secret, a.PolicyBundle, a.LeaseTimeoutSeconds, a.Description, a.InputSchema, a.OutputSchema,
+		ts(a.RegisteredAt), ts(a.UpdatedAt))
+}
+
+func (t *Tx) UpdateAgentMetadata(ctx context.Context, id, description string, in, out []byte, now time.Time) error {
+	res, err := t.Q.ExecContext(ctx, t.D.Rebind(`UPDATE agents SET description = ?, input_schema = ?, output_schema = ?, updated_at = ? WHERE id = ?`),
+		description, in, out, ts(now), id)
+	return affected(res, err)
+}
+
+func (t *Tx) SetAgentPolicy(ctx context.Context, id, bundle string, now time.Time) error {
+	res, err := t.Q.ExecContext(ctx, t.D.Rebind(`UPDATE agents SET policy_bundle = ?, updated_at = ? WHERE id = ?`), bundle, ts(now), id)
+	return affected(res, err)
+}
+
+func (t *Tx) DeleteAgent(ctx context.Context, id string) error {
+	res, err := t.Q.ExecContext(ctx, t.D.Rebind(`DELETE FROM agents WHERE id = ?`), id)
+	return affected(res, err)
+}
+
+func affected(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// ---- idempotency keys ----
+
+func (q *Queries) Idempotency(ctx context.Context, route, scope, key string) (*store.IdempotencyRecord, error) {
+	r := store.IdempotencyRecord{Route: route, Scope: scope, Key: key}
+	var at int64
+	err := q.row(ctx, `SELECT body_hash, execution_id, created_at FROM idempotency_keys WHERE route = ? AND scope = ? AND idem_key = ?`,
+		route, scope, key).Scan(&r.BodyHash, &r.ExecutionID, &at)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	r.CreatedAt = fromTS(at)
+	return &r, nil
+}
+
+func (t *Tx) InsertIdempotency(ctx context.Context, r *store.IdempotencyRecord) error {
+	// A record past its lifetime may still be present until the sweep runs;
+	// a new use of the key replaces it.
+	return t.exec(ctx, `INSERT INTO idempotency_keys (route, scope, idem_key, body_hash, execution_id, created_at) VALUES (?,?,?,?,?,?)
+ ON CONFLICT (route, scope, idem_key) DO UPDATE SET body_hash = excluded.body_hash, execution_id = excluded.execution_id, created_at = excluded.created_at`,
+		r.Route, r.Scope, r.Key, r.BodyHash, r.ExecutionID, ts(r.CreatedAt))
+}
+
+func (t *Tx) DeleteIdempotencyBefore(ctx context.Context, before time.Time) error {
+	return t.exec(ctx, `DELETE FROM idempotency_keys WHERE created_at < ?`, ts(before))
+}
+
+// ---- deadlines and retention ----
+
+func (q *Queries) stringCol(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+func (q *Queries) DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
+	return q.stringCol(ctx, `SELECT id FROM executions WHERE deadline_at > 0 AND deadline_at <= ? AND status IN (`+nonTerminalList+`)
+ ORDER BY deadline_at LIMIT ?`, ts(now), limit)
+}
+
+func (q *Queries) NextDeadline(ctx context.Context) (time.Time, error) {
+	var v sql.NullInt64
+	err := q.row(ctx, `SELECT MIN(deadline_at) FROM executions WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`).Scan(&v)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return fromTS(v.Int64), nil
+}
+
+func (q *Queries) RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error) {
+	return q.stringCol(ctx, `SELECT id FROM executions WHERE status IN (?, ?, ?) AND updated_at < ? ORDER BY updated_at LIMIT ?`,
+		wire.ExecCompleted, wire.ExecFailed, wire.ExecCancelled, ts(updatedBefore), limit)
+}

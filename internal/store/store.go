@@ -1,0 +1,235 @@
+// Package store defines what the kernel needs from durable storage, in the
+// kernel's own terms (executions, steps, events, dispatches), never in SQL.
+// Every backend (SQLite today, Postgres later) implements Store and must pass
+// the conformance suite in store/storetest unchanged.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned by single-row reads when the row does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrUnavailable wraps failures of the store itself (disk, connection,
+// timeout); the HTTP layer maps it to 503 so that clients retry.
+var ErrUnavailable = errors.New("store unavailable")
+
+// Store is a durable backend.
+type Store interface {
+	// Update runs fn in one write transaction. Everything fn writes commits
+	// together, durably, before Update returns nil; if fn returns an error
+	// nothing it wrote is kept. lockExecutionID names the execution whose
+	// operations must be serialised (§23.2); "" when the operation creates one
+	// or touches none. Backends may group the transactions of concurrent
+	// callers into one physical commit.
+	Update(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx Tx) error) error
+
+	// Read returns a reader outside any write transaction. Each call it makes
+	// is its own short read.
+	Read() Reader
+
+	// Ping answers a trivial query, for readiness.
+	Ping(ctx context.Context) error
+
+	Close() error
+}
+
+// Reader is the read side, available both inside a write transaction (Tx) and
+// outside one (Store.Read).
+type Reader interface {
+	Execution(ctx context.Context, id string) (*Execution, error)
+	ListExecutions(ctx context.Context, f ExecutionFilter) ([]*Execution, error)
+	// Events returns events with seq > afterSeq in ascending order.
+	Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*Event, error)
+
+	Step(ctx context.Context, executionID, stepID string) (*Step, error)
+	// Steps returns steps in recording order with order > afterOrder, keeping
+	// only the given statuses (all when empty).
+	Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*Step, error)
+	// OpenSteps returns the steps in status allowed or executing, in
+	// recording order, through an index on exactly those rows.
+	OpenSteps(ctx context.Context, executionID string) ([]*Step, error)
+	// MaxOccurrence is the highest occurrence recorded for this identity.
+	MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (occ int64, found bool, err error)
+	// HasIndeterminate reports a failed step of this identity whose error
+	// reason is "indeterminate" (§12.4).
+	HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error)
+
+	Dispatch(ctx context.Context, id string) (*Dispatch, error)
+	Counter(ctx context.Context, dispatchID, kind, target, argsHash string) (consumed int64, found bool, err error)
+
+	Agent(ctx context.Context, id string) (*Agent, error)
+	ListAgents(ctx context.Context) ([]*Agent, error)
+	AgentHasLiveExecutions(ctx context.Context, agentID string) (bool, error)
+
+	Idempotency(ctx context.Context, route, scope, key string) (*IdempotencyRecord, error)
+
+	// Scheduling queries used by the background workers.
+	DueDispatches(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
+	ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
+	// NextWake is the earliest time at which a dispatch becomes due or a
+	// lease expires; zero when nothing is scheduled.
+	NextWake(ctx context.Context) (time.Time, error)
+	QueueDepth(ctx context.Context, now time.Time) (int64, error)
+	DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error)
+	NextDeadline(ctx context.Context) (time.Time, error)
+	RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error)
+}
+
+// Tx is one write transaction. Methods write exactly what they are given; the
+// rules of the protocol live in the kernel.
+type Tx interface {
+	Reader
+
+	InsertExecution(ctx context.Context, e *Execution) error
+	// UpdateExecution writes the mutable fields of e.
+	UpdateExecution(ctx context.Context, e *Execution) error
+	DeleteExecution(ctx context.Context, id string) error
+	AppendEvents(ctx context.Context, events []*Event) error
+
+	InsertStep(ctx context.Context, s *Step) error
+	UpdateStep(ctx context.Context, s *Step) error
+
+	InsertDispatch(ctx context.Context, d *Dispatch) error
+	UpdateDispatch(ctx context.Context, d *Dispatch) error
+	// RetireDispatches retires every non-retired dispatch of the execution
+	// except keepID.
+	RetireDispatches(ctx context.Context, executionID, keepID string, now time.Time) error
+
+	SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error
+	DeleteDispatchCounters(ctx context.Context, dispatchID string) error
+	DeleteExecutionCounters(ctx context.Context, executionID string) error
+
+	UpsertAgent(ctx context.Context, a *Agent) error
+	// UpdateAgentMetadata replaces description and schemas; ErrNotFound when
+	// the agent does not exist.
+	UpdateAgentMetadata(ctx context.Context, id, description string, inputSchema, outputSchema []byte, now time.Time) error
+	SetAgentPolicy(ctx context.Context, id, bundle string, now time.Time) error
+	DeleteAgent(ctx context.Context, id string) error
+
+	InsertIdempotency(ctx context.Context, r *IdempotencyRecord) error
+	DeleteIdempotencyBefore(ctx context.Context, before time.Time) error
+
+	// AfterCommit registers f to run once the transaction is durable. It is
+	// not run when the transaction rolls back.
+	AfterCommit(f func())
+}
+
+// Execution is the stored execution row.
+type Execution struct {
+	ID             string
+	AgentID        string
+	AgentVersion   string
+	Input          []byte // verbatim JSON, "null" when absent
+	Status         string
+	Output         []byte // verbatim JSON; meaningful when completed
+	State          []byte // verbatim JSON; nil when none
+	FailureReason  string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	DeadlineAt     time.Time // zero when none
+	ParentID       string
+	IdempotencyKey string
+	OnBehalfOf     string
+	ForkedFrom     string
+	ForkSeq        int64
+	Restoration    []byte // verbatim JSON object on forks, nil otherwise
+	ResourceKeys   []string
+
+	// Bookkeeping kept on the row so that no operation scans history.
+	DispatchID string // newest dispatch
+	LastSeq    int64  // last event_seq
+	StepOrder  int64  // last step recording order (copies included)
+	StepCount  int64  // steps recorded by the execution itself (§23.4)
+	ByteCount  int64  // bytes stored by the execution itself (§23.4)
+}
+
+// ExecutionFilter selects executions for ListExecutions: newest first, ids
+// strictly below Cursor when set.
+type ExecutionFilter struct {
+	AgentID string
+	Status  string
+	Cursor  string
+	Limit   int
+}
+
+// Event is one entry of an execution's log.
+type Event struct {
+	ExecutionID string
+	Seq         int64
+	Type        string
+	Payload     []byte // JSON object
+	OccurredAt  time.Time
+}
+
+// Step is the stored step row.
+type Step struct {
+	ExecutionID string
+	StepID      string
+	Order       int64 // recording order within the execution
+	Kind        string
+	Target      string
+	ArgsHash    string
+	Occurrence  int64
+	Status      string
+	Idempotency string
+	Args        []byte // verbatim JSON
+	Result      []byte // verbatim JSON; meaningful when succeeded
+	Error       []byte // verbatim JSON; meaningful when failed, denied or cancelled
+	ErrorReason string // error.reason when the error is an object with a string reason
+	Resources   []string
+	StartedAt   time.Time
+	CompletedAt time.Time
+	DispatchID  string // dispatch and attempt that last started (or recorded) it
+	Attempt     int64
+	TerminalSeq int64
+}
+
+// Dispatch is the stored dispatch row (§2.9).
+type Dispatch struct {
+	ID              string
+	ExecutionID     string
+	Status          string
+	Attempt         int64
+	MaxAttempts     int64
+	ProgressAttempt int64
+	LeaseTimeout    int64 // whole seconds, fixed at each claim
+	NextAttemptAt   time.Time
+	LeaseExpiresAt  time.Time
+	ClaimedBy       string
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+}
+
+// DispatchRef names a dispatch found by a scheduling query.
+type DispatchRef struct {
+	ID          string
+	ExecutionID string
+}
+
+// Agent is the stored agent row. Secret never leaves the kernel.
+type Agent struct {
+	ID                  string
+	WebhookURL          string
+	Secret              string
+	PolicyBundle        string
+	LeaseTimeoutSeconds int64 // 0 when the agent registered none
+	Description         string
+	InputSchema         []byte
+	OutputSchema        []byte
+	RegisteredAt        time.Time
+	UpdatedAt           time.Time
+}
+
+// IdempotencyRecord remembers which execution a keyed create or fork made.
+type IdempotencyRecord struct {
+	Route       string
+	Scope       string // "" for create; the source execution id for fork
+	Key         string
+	BodyHash    string
+	ExecutionID string
+	CreatedAt   time.Time
+}
