@@ -25,6 +25,12 @@ func (o *op) enqueueDispatch() error {
 	if err := o.tx.RetireDispatches(o.ctx, o.e.ID, d.ID, o.now); err != nil {
 		return fmt.Errorf("retire dispatches: %w", err)
 	}
+	if o.e.DispatchID != "" {
+		// The retired dispatches' occurrence counters can never be used again (§11.5).
+		if err := o.tx.DeleteExecutionCounters(o.ctx, o.e.ID); err != nil {
+			return fmt.Errorf("delete counters: %w", err)
+		}
+	}
 	o.e.DispatchID = d.ID
 	o.emit(wire.EventDispatchQueued, dispatchPayload(d, wire.DispatchPending, 0))
 	o.tx.AfterCommit(o.k.wakeDispatcher)
