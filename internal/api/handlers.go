@@ -102,7 +102,7 @@ func handleCreate(c *call) error {
 			return err
 		}
 	}
-	key, err := c.idempotencyKey(bodyKey, f.obj.Get("idempotency_key") != nil)
+	key, err := c.idempotencyKey(bodyKey, f.get("idempotency_key") != nil)
 	if err != nil {
 		return err
 	}

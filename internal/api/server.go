@@ -115,6 +115,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				c.writeError(errors.New("panic"))
 			}
 		}
+		level := slog.LevelDebug
+		if c.status >= 400 {
+			level = slog.LevelInfo
+		}
+		if s.log.Enabled(r.Context(), level) {
+			s.log.Log(r.Context(), level, "request", slog.String("request_id", c.requestID), slog.String("method", r.Method),
+				slog.String("route", pattern), slog.Int("status", c.status), slog.Duration("duration", time.Since(start)))
+		}
 		status := strconv.Itoa(c.status)
 		m := s.k.Metrics()
 		m.HTTPRequests.WithLabelValues(pattern, status).Inc()

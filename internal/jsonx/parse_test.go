@@ -490,3 +490,34 @@ func TestReleaseClearsScratch(t *testing.T) {
 		t.Error("release did not reset the scratch stacks")
 	}
 }
+
+// TestParseConcurrent runs parses, failing ones included, on many goroutines
+// so that the race detector can check the pooled scratch space.
+func TestParseConcurrent(t *testing.T) {
+	inputs := []string{typicalBody, `{"a":[1,2,{"b":"\u00e9"}]}`, `{"a":1,"a":2}`, `[[[`, `"x\ud800"`}
+	want := make([]string, len(inputs))
+	for i, in := range inputs {
+		if c, err := CanonicalBytes([]byte(in), testDepth); err == nil {
+			want[i] = string(c)
+		}
+	}
+	done := make(chan string, 8)
+	for g := range 8 {
+		go func() {
+			for k := range 300 {
+				i := (g + k) % len(inputs)
+				c, err := CanonicalBytes([]byte(inputs[i]), testDepth)
+				if got := string(c); (err == nil) != (want[i] != "") || got != want[i] {
+					done <- "input " + strconv.Itoa(i) + " gave " + got
+					return
+				}
+			}
+			done <- ""
+		}()
+	}
+	for range 8 {
+		if msg := <-done; msg != "" {
+			t.Error(msg)
+		}
+	}
+}

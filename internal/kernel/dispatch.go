@@ -128,18 +128,29 @@ func (o *op) renew(d *store.Dispatch, h DispatchHeaders) error {
 // progress renews the lease and records that the current attempt recorded a
 // step outcome, which resets the attempt budget (§8.6).
 func (o *op) progress(d *store.Dispatch, h DispatchHeaders) error {
-	live, err := o.liveDispatch(d, h)
-	if err != nil || live == nil {
-		return err
+	if d == nil && o.e.DispatchID != "" {
+		var err error
+		if d, err = o.tx.Dispatch(o.ctx, o.e.DispatchID); err != nil {
+			return notFoundOr(err, "dispatch")
+		}
 	}
-	expires := o.now.Add(time.Duration(live.LeaseTimeout) * time.Second)
-	if live.ProgressAttempt == live.Attempt && live.LeaseExpiresAt.After(expires.Add(-time.Second)) {
+	if d == nil || d.ID != o.e.DispatchID || (h.Attempt > 0 && h.Attempt != d.Attempt) {
 		return nil
 	}
-	live.ProgressAttempt = live.Attempt
-	live.LeaseExpiresAt = expires
-	live.UpdatedAt = o.now
-	return o.tx.UpdateDispatch(o.ctx, live)
+	// The progress counts whatever the dispatch's status (a failed delivery
+	// whose agent ran anyway); only the renewal needs it in flight (§9.1).
+	changed := d.ProgressAttempt != d.Attempt
+	d.ProgressAttempt = d.Attempt
+	expires := o.now.Add(time.Duration(d.LeaseTimeout) * time.Second)
+	if d.Status == wire.DispatchInFlight && !d.LeaseExpiresAt.After(expires.Add(-time.Second)) {
+		d.LeaseExpiresAt = expires
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	d.UpdatedAt = o.now
+	return o.tx.UpdateDispatch(o.ctx, d)
 }
 
 // Delivery is a claimed attempt, ready to be sent.

@@ -158,7 +158,9 @@ type op struct {
 }
 
 func (k *Kernel) newOp(ctx context.Context, tx store.Tx) *op {
-	return &op{k: k, ctx: ctx, tx: tx, now: k.clock.Now()}
+	// Stores keep microseconds (§1.3); truncating here makes an answer, its
+	// events and a later read show one instant the same way.
+	return &op{k: k, ctx: ctx, tx: tx, now: k.clock.Now().Truncate(time.Microsecond)}
 }
 
 // load reads the execution the operation is about and checks the caller may

@@ -108,6 +108,11 @@ func New() *Metrics {
 	for _, v := range []string{wire.ExecCompleted, wire.ExecFailed, wire.ExecCancelled} {
 		m.ExecutionsCompleted.WithLabelValues(v)
 	}
+	// The workers that report errors, so that the series exists before the
+	// first error (§22 requires every series to be exported).
+	for _, v := range []string{"dispatcher", "deadline", "idempotency_sweep", "retention"} {
+		m.WorkerErrors.WithLabelValues(v)
+	}
 	for _, v := range []string{"limited", "error_allowed", "error_denied"} {
 		m.RateLimitDecisions.WithLabelValues(v)
 	}

@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -247,12 +248,22 @@ func (s *Store) writer(conn *sql.Conn) {
 	batch := make([]*job, 0, MaxBatch)
 	for {
 		batch = batch[:0]
+		// Queued transactions go before a stop, as Close promises.
 		select {
 		case j := <-s.jobs:
 			batch = append(batch, j)
-		case <-s.stop:
-			return
+		default:
+			select {
+			case j := <-s.jobs:
+				batch = append(batch, j)
+			case <-s.stop:
+				return
+			}
 		}
+		// Yield before draining: a send to s.jobs hands the CPU straight to
+		// this goroutine, so with GOMAXPROCS=1 the other requests never got
+		// to enqueue and every batch held one transaction (no group commit).
+		runtime.Gosched()
 	drain:
 		for len(batch) < MaxBatch {
 			select {

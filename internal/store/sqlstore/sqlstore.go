@@ -231,6 +231,14 @@ func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
+	// One statement per 1,000 events keeps each under SQLite's limit of
+	// 32,766 bound variables (terminate may cancel thousands of open steps).
+	for len(events) > 1000 {
+		if err := t.AppendEvents(ctx, events[:1000]); err != nil {
+			return err
+		}
+		events = events[1000:]
+	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO events (execution_id, event_seq, type, payload, occurred_at) VALUES `)
 	args := make([]any, 0, 5*len(events))
