@@ -21,7 +21,7 @@ build-test:
 ## test: every test — Go unit, store contract, black-box and the published-client compatibility suite.
 test: test-go test-compat
 
-test-go: build build-test
+test-go: build build-test demo
 	$(GO) vet ./...
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(GO) test -count=1 ./...
 

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,7 +55,7 @@ func newLogger(s *settings, w io.Writer) *slog.Logger {
 }
 
 func runDev(s *settings, stderr io.Writer) error {
-	log := newLogger(s, stderr)
+	log := newLogger(s, logSink(stderr))
 	if !isLoopback(s.ListenAddr) && s.BearerToken == "" {
 		return &configError{msg: fmt.Sprintf("refusing to listen on %s without --bearer-token: with auth off anyone who can "+
 			"reach the port could register agents and make the kernel call any URL; listen on 127.0.0.1 or set a token", s.ListenAddr)}
@@ -132,12 +131,16 @@ func runDev(s *settings, stderr io.Writer) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	printBanner(stderr, s, ln.Addr().String(), st.Durable, len(manifest), manual != nil)
+	replDone, stopREPL := startREPL(s, ln.Addr().String())
+	defer stopREPL()
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sig, shutdownSignals(replDone != nil)...)
 	var runErr error
 	select {
 	case <-sig:
+		log.Info("shutting down")
+	case <-replDone:
 		log.Info("shutting down")
 	case err := <-serveErr:
 		if !errors.Is(err, http.ErrServerClosed) {

@@ -31,6 +31,7 @@ func run(args []string) int {
 		SilenceErrors: true,
 	}
 	root.AddCommand(devCommand(), serverCommand(), versionCommand())
+	root.AddCommand(clientCommands()...)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {

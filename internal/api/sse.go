@@ -98,7 +98,7 @@ func handleEventStream(c *call) error {
 			}
 			for _, ev := range evs {
 				frame := fmt.Appendf(nil, "id: %d\ndata: ", ev.Seq)
-				frame = renderEvent(ev).Append(frame)
+				frame = append(frame, oneLine(renderEvent(ev).Bytes())...)
 				frame = append(frame, '\n', '\n')
 				if sw.write(frame) != nil {
 					return nil
@@ -131,6 +131,18 @@ func handleEventStream(c *call) error {
 			return nil
 		}
 	}
+}
+
+// oneLine keeps an event on one `data:` line (§15). Verbatim user JSON may
+// hold line breaks, which in valid JSON are only ever insignificant
+// whitespace: turning them into spaces leaves the same value.
+func oneLine(b []byte) []byte {
+	for i, c := range b {
+		if c == '\n' || c == '\r' {
+			b[i] = ' '
+		}
+	}
+	return b
 }
 
 // resumePoint reads Last-Event-ID, else after_seq, else 0 (§15).
