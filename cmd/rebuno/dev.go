@@ -60,7 +60,7 @@ func runDev(s *settings, stderr io.Writer) error {
 		return &configError{msg: fmt.Sprintf("refusing to listen on %s without --bearer-token: with auth off anyone who can "+
 			"reach the port could register agents and make the kernel call any URL; listen on 127.0.0.1 or set a token", s.ListenAddr)}
 	}
-	manual, err := testClock(log)
+	manual, limiter, err := testSettings(log)
 	if err != nil {
 		return &configError{msg: err.Error()}
 	}
@@ -90,7 +90,8 @@ func runDev(s *settings, stderr io.Writer) error {
 		CleanupInterval: s.CleanupInterval, MaxStepsPerExecution: s.MaxSteps, MaxExecutionBytes: s.MaxExecutionBytes,
 		RequireDispatchHeaders: s.RequireV1, ReplicaID: "dev",
 	}
-	k := kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Hub: events.NewHub(), Metrics: m, Logger: log})
+	k := kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Hub: events.NewHub(), Metrics: m, Logger: log,
+		Limiter: limiter})
 
 	ctx := context.Background()
 	if len(manifest) > 0 {
@@ -130,7 +131,7 @@ func runDev(s *settings, stderr io.Writer) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	printBanner(stderr, s, ln.Addr().String(), st.Durable, len(manifest), manual != nil)
+	printBanner(stderr, s, ln.Addr().String(), st.Durable, len(manifest), manual != nil, limiter != nil)
 	replDone, stopREPL := startREPL(s, ln.Addr().String())
 	defer stopREPL()
 
@@ -156,7 +157,7 @@ func runDev(s *settings, stderr io.Writer) error {
 	return runErr
 }
 
-func printBanner(w io.Writer, s *settings, addr string, durable bool, agents int, manualClock bool) {
+func printBanner(w io.Writer, s *settings, addr string, durable bool, agents int, manualClock, limiterFault bool) {
 	store := s.DB + " (durable: WAL, synchronous commits)"
 	if !durable {
 		store = ":memory: (throwaway: deleted at shutdown)"
@@ -177,5 +178,8 @@ func printBanner(w io.Writer, s *settings, addr string, durable bool, agents int
 	fmt.Fprintf(w, "  provisioned agents: %d\n", agents)
 	if manualClock {
 		fmt.Fprintf(w, "  TEST SETTING: REBUNO_TEST_CLOCK=manual (time moves only through POST /v0/test/clock)\n")
+	}
+	if limiterFault {
+		fmt.Fprintf(w, "  TEST SETTING: REBUNO_TEST_LIMITER_FAULT=%s (every rate-limit check fails)\n", os.Getenv("REBUNO_TEST_LIMITER_FAULT"))
 	}
 }

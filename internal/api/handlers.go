@@ -45,6 +45,10 @@ func (s *Server) registerRoutes() {
 	add(http.MethodDelete, "/v0/agents/{agent_id}", authBearer, false, handleDeleteAgent)
 	add(http.MethodPut, "/v0/agents/{agent_id}/metadata", authHMAC, true, handleMetadata)
 	add(http.MethodPost, "/v0/policies/{agent_id}", authBearer, true, handlePolicy)
+	add(http.MethodGet, "/v0/approvals", authBearer, false, handleListApprovals)
+	add(http.MethodGet, "/v0/approvals/{approval_id}", authBearer, false, handleGetApproval)
+	add(http.MethodPost, "/v0/approvals/{approval_id}/grant", authBearer, true, handleDecide(true))
+	add(http.MethodPost, "/v0/approvals/{approval_id}/deny", authBearer, true, handleDecide(false))
 	add(http.MethodGet, "/v0/health", authNone, false, handleHealth)
 	add(http.MethodGet, "/v0/ready", authNone, false, handleReady)
 	add(http.MethodGet, "/metrics", authNone, false, handleMetrics)
@@ -652,6 +656,71 @@ func handlePolicy(c *call) error {
 	}
 	c.noContent()
 	return nil
+}
+
+// ---- approvals ----
+
+func handleListApprovals(c *call) error {
+	var f store.ApprovalFilter
+	var err error
+	if f.Status, err = c.query("status"); err != nil {
+		return err
+	}
+	for name, dst := range map[string]*string{"execution_id": &f.ExecutionID, "after": &f.After} {
+		v, err := c.query(name)
+		if err != nil {
+			return err
+		}
+		if v != "" {
+			if *dst, err = parseUUID(name, v); err != nil {
+				return err
+			}
+		}
+	}
+	if f.Limit, err = c.limit(); err != nil {
+		return err
+	}
+	list, err := c.s.k.ListApprovals(c.ctx(), f)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderList(list, renderApproval))
+	return nil
+}
+
+func handleGetApproval(c *call) error {
+	id, err := parseUUID("approval_id", c.params["approval_id"])
+	if err != nil {
+		return err
+	}
+	a, err := c.s.k.GetApproval(c.ctx(), id)
+	if err != nil {
+		return err
+	}
+	c.writeJSON(http.StatusOK, renderApproval(a).Bytes())
+	return nil
+}
+
+func handleDecide(grant bool) func(*call) error {
+	return func(c *call) error {
+		id, err := parseUUID("approval_id", c.params["approval_id"])
+		if err != nil {
+			return err
+		}
+		f, err := parseBody(c.body, "decided_by", "rationale")
+		if err != nil {
+			return err
+		}
+		r := kernel.DecideRequest{Grant: grant, DecidedBy: f.str("decided_by"), Rationale: f.str("rationale")}
+		if f.err != nil {
+			return f.err
+		}
+		if err := c.s.k.DecideApproval(c.ctx(), id, r); err != nil {
+			return err
+		}
+		c.noContent()
+		return nil
+	}
 }
 
 // ---- health ----

@@ -133,6 +133,27 @@ func renderDecision(d *kernel.Decision) *jsonx.Object {
 	return o
 }
 
+func renderApproval(a *store.Approval) *jsonx.Object {
+	o := (&jsonx.Object{}).
+		String("id", a.ID).
+		String("step_id", a.StepID).
+		String("execution_id", a.ExecutionID).
+		String("agent_id", a.AgentID).
+		String("kind", a.Kind).
+		String("target", a.Target).
+		String("status", a.Status).
+		Strings("approvers", a.Approvers).
+		String("timeout_at", wire.FormatTime(a.TimeoutAt)).
+		String("created_at", wire.FormatTime(a.CreatedAt))
+	optString(o, "message", a.Message)
+	optString(o, "decided_by", a.DecidedBy)
+	optString(o, "rationale", a.Rationale)
+	if !a.DecidedAt.IsZero() {
+		o.String("decided_at", wire.FormatTime(a.DecidedAt))
+	}
+	return o
+}
+
 // renderList writes a JSON array of objects.
 func renderList[T any](items []T, render func(T) *jsonx.Object) []byte {
 	b := []byte{'['}

@@ -56,9 +56,13 @@ func (k *Kernel) ValidateAgent(a AgentSpec) error {
 	return k.validatePolicy(a)
 }
 
-// validatePolicy checks a bundle before it is stored. Bundles are stored as
-// given until policy evaluation lands; every step is then allowed.
-func (k *Kernel) validatePolicy(a AgentSpec) error { return nil }
+// validatePolicy checks the bundle a registration sets, if any.
+func (k *Kernel) validatePolicy(a AgentSpec) error {
+	if !a.SetPolicy {
+		return nil
+	}
+	return validateBundle(a.Policy)
+}
 
 // RegisterAgent creates an agent or updates its URL, secret and lease,
 // keeping its policy, metadata and registration time (§21.1).

@@ -63,6 +63,7 @@ type Kernel struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 	policy  Policy
+	limiter Limiter
 	wake    chan struct{}
 }
 
@@ -75,12 +76,14 @@ type Options struct {
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
 	Policy  Policy
+	// Limiter holds rate-limit buckets; nil means an in-memory limiter.
+	Limiter Limiter
 }
 
 // New returns a kernel.
 func New(o Options) *Kernel {
 	k := &Kernel{store: o.Store, clock: o.Clock, cfg: o.Config, hub: o.Hub, metrics: o.Metrics, log: o.Logger,
-		policy: o.Policy, wake: make(chan struct{}, 1)}
+		policy: o.Policy, limiter: o.Limiter, wake: make(chan struct{}, 1)}
 	if k.clock == nil {
 		k.clock = clock.Real{}
 	}
@@ -94,7 +97,10 @@ func New(o Options) *Kernel {
 		k.log = slog.Default()
 	}
 	if k.policy == nil {
-		k.policy = Permissive{}
+		k.policy = NewBundles(k.log)
+	}
+	if k.limiter == nil {
+		k.limiter = NewMemoryLimiter()
 	}
 	return k
 }
@@ -259,7 +265,7 @@ func (o *op) terminate(status, reason, cause string) error {
 		o.emit(wire.EventExecutionCancelled, p.String("reason", reason))
 	}
 	errJSON := (&jsonx.Object{}).String("reason", cause).Bytes()
-	if err := o.k.closeApprovals(o, cause); err != nil {
+	if err := o.closeApprovals(cause); err != nil {
 		return err
 	}
 	open, err := o.tx.OpenSteps(o.ctx, e.ID)
@@ -283,15 +289,13 @@ func (o *op) terminate(status, reason, cause string) error {
 	if err := o.tx.DeleteExecutionCounters(o.ctx, e.ID); err != nil {
 		return fmt.Errorf("delete counters: %w", err)
 	}
+	if err := o.tx.DeleteExecutionMarks(o.ctx, e.ID); err != nil {
+		return fmt.Errorf("delete rate-limit marks: %w", err)
+	}
 	m := o.k.metrics
 	o.tx.AfterCommit(func() { m.ExecutionsCompleted.WithLabelValues(status).Inc() })
 	return nil
 }
-
-// closeApprovals expires the pending approvals of a terminating execution
-// (§7.8 step 1). Approvals arrive with the governance work; until then an
-// execution never has one.
-func (k *Kernel) closeApprovals(o *op, cause string) error { return nil }
 
 // stepPayload starts the payload every step.* event carries.
 func stepPayload(s *store.Step) *jsonx.Object {

@@ -1,15 +1,18 @@
 package kernel
 
 import (
+	"log/slog"
+
 	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/policy"
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
 // Policy decisions a bundle can produce.
 const (
-	PolicyAllow           = "allow"
-	PolicyDeny            = "deny"
-	PolicyRequireApproval = "require_approval"
+	PolicyAllow           = policy.Allow
+	PolicyDeny            = policy.Deny
+	PolicyRequireApproval = policy.RequireApproval
 )
 
 // StepFacts is what policy sees of a new step.
@@ -22,22 +25,56 @@ type StepFacts struct {
 
 // PolicyResult is the outcome of evaluating a bundle for one new step.
 type PolicyResult struct {
-	Decision string
-	RuleID   string
-	Reason   string
+	Decision  string
+	RuleID    string
+	Reason    string
+	Approval  *policy.ApprovalConfig // require_approval only; nil: defaults
+	RateLimit *policy.RateLimit      // allow and require_approval only
 }
 
-// Policy evaluates an agent's bundle. It is the single decision point of the
-// submit path (§10.2 step 15); implementations do no I/O.
+// Policy evaluates an agent's bundle text. It is the single decision point
+// of the submit path (§10.2 step 15); implementations do no I/O.
 type Policy interface {
 	Evaluate(bundle string, f StepFacts) PolicyResult
 }
 
-// Permissive allows every step: the behaviour of an agent without a bundle
-// (§19.1), and of this kernel until policy bundles are evaluated.
+// Bundles is the kernel's policy: it compiles bundle texts once (an LRU keyed
+// by the text's hash, §19.1) and evaluates them. No bundle allows every step
+// under "permissive"; a stored bundle that no longer compiles (possible only
+// after an upgrade with stricter validation) denies under "bundle-error".
+type Bundles struct {
+	cache *policy.Cache
+	log   *slog.Logger
+}
+
+// NewBundles returns the default policy.
+func NewBundles(log *slog.Logger) *Bundles {
+	return &Bundles{cache: policy.NewCache(policy.DefaultCacheSize), log: log}
+}
+
+// Evaluate implements Policy.
+func (b *Bundles) Evaluate(text string, f StepFacts) PolicyResult {
+	bundle, err := b.cache.Get(text)
+	if err != nil {
+		b.log.Error("stored policy bundle does not compile; denying", slog.String("agent_id", f.AgentID), slog.Any("error", err))
+		return PolicyResult{Decision: PolicyDeny, RuleID: wire.RuleBundleError, Reason: wire.ReasonPolicyBundleInvalid}
+	}
+	r := bundle.Evaluate(policy.Facts{AgentID: f.AgentID, Kind: f.Kind, Target: f.Target, Args: f.Args})
+	return PolicyResult{Decision: r.Decision, RuleID: r.RuleID, Reason: r.Reason, Approval: r.Approval, RateLimit: r.RateLimit}
+}
+
+// Permissive allows every step, whatever the bundle says. Tests use it.
 type Permissive struct{}
 
 // Evaluate implements Policy.
 func (Permissive) Evaluate(string, StepFacts) PolicyResult {
 	return PolicyResult{Decision: PolicyAllow, RuleID: wire.RulePermissive}
+}
+
+// validateBundle checks a bundle before it is stored (§19.3).
+func validateBundle(text string) error {
+	if _, err := policy.Parse(text); err != nil {
+		return &Error{Code: wire.CodeValidation, Field: "bundle", Message: "invalid policy bundle: " + err.Error()}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"github.com/rebuno/rebuno/internal/events"
@@ -336,8 +337,20 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 		}
 	}
 
-	res := o.k.policy.Evaluate(o.agentBundle(), StepFacts{AgentID: o.e.AgentID, Kind: r.Kind, Target: r.Target, Args: r.ArgsValue})
+	agent, err := o.tx.Agent(o.ctx, o.e.AgentID)
+	if err != nil {
+		return nil, fmt.Errorf("read agent policy: %w", err)
+	}
+	start := time.Now()
+	res := o.k.policy.Evaluate(agent.PolicyBundle, StepFacts{AgentID: o.e.AgentID, Kind: r.Kind, Target: r.Target, Args: r.ArgsValue})
 	m := o.k.metrics
+	m.PolicyLatency.Observe(time.Since(start).Seconds())
+	if res.RateLimit != nil && res.Decision != PolicyDeny {
+		limited, err := o.rateLimit(s, res)
+		if err != nil || limited != nil {
+			return limited, err
+		}
+	}
 	kind := r.Kind
 	o.tx.AfterCommit(func() {
 		m.StepsSubmitted.WithLabelValues(kind).Inc()
@@ -350,6 +363,8 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 			reason = wire.ReasonPolicyDenied
 		}
 		return o.recordDenied(s, reason, res.RuleID)
+	case PolicyRequireApproval:
+		return o.recordAwaitingApproval(s, res)
 	case PolicyAllow:
 		s.Status = wire.StepExecuting
 		s.StartedAt = o.now
@@ -366,6 +381,52 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 		return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
 	}
 	return nil, fmt.Errorf("policy returned unknown decision %q", res.Decision)
+}
+
+// rateLimit consults the limiter for a new step whose winning rule carries a
+// rate limit (§20). A refusal records no step and leaves the occurrence
+// counter alone, so an identical retry names the same step; it is audited
+// at most once per step id per window. It returns nil when the step may go
+// on.
+func (o *op) rateLimit(s *store.Step, res PolicyResult) (*Decision, error) {
+	rl, m := res.RateLimit, o.k.metrics
+	key := bucketKey(res.RuleID, rl, o.e.ID, o.e.AgentID)
+	ok, retryAfter, err := o.k.limiter.Check(key, rl.MaxCalls, rl.Window, o.now)
+	dec := &Decision{Decision: wire.DecisionRateLimited, Reason: wire.ReasonRateLimitExceeded}
+	switch {
+	case err != nil && rl.OnLimiterError != PolicyDeny:
+		o.k.log.Warn("rate limiter failed; admitting the step", "rule_id", res.RuleID, "error", err)
+		o.tx.AfterCommit(func() { m.RateLimitDecisions.WithLabelValues("error_allowed").Inc() })
+		return nil, nil
+	case err != nil:
+		o.k.log.Warn("rate limiter failed; refusing the step", "rule_id", res.RuleID, "error", err)
+		o.tx.AfterCommit(func() { m.RateLimitDecisions.WithLabelValues("error_denied").Inc() })
+		dec.Reason = wire.ReasonRateLimiterUnavail
+	case ok:
+		return nil, nil
+	default:
+		o.tx.AfterCommit(func() { m.RateLimitDecisions.WithLabelValues("limited").Inc() })
+		dec.RetryAfterMS = max(retryAfter.Milliseconds(), 1)
+	}
+	// The refusal is the answer; the step the submit named is not recorded.
+	o.e.StepOrder--
+	o.e.StepCount--
+	o.e.ByteCount -= int64(len(s.Args))
+	last, found, err := o.tx.RateLimitMark(o.ctx, o.e.ID, s.StepID)
+	if err != nil {
+		return nil, fmt.Errorf("read rate-limit mark: %w", err)
+	}
+	if !found || o.now.Sub(last) >= rl.Window {
+		p := stepPayload(s).String("rule_id", res.RuleID).String("reason", dec.Reason)
+		if dec.RetryAfterMS > 0 {
+			p.Int("retry_after_ms", dec.RetryAfterMS)
+		}
+		o.emit(wire.EventStepRateLimited, p)
+		if err := o.tx.SetRateLimitMark(o.ctx, o.e.ID, s.StepID, o.now); err != nil {
+			return nil, fmt.Errorf("write rate-limit mark: %w", err)
+		}
+	}
+	return dec, nil
 }
 
 func (o *op) recordDenied(s *store.Step, reason, ruleID string) (*Decision, error) {
@@ -390,16 +451,6 @@ func (o *op) recordDenied(s *store.Step, reason, ruleID string) (*Decision, erro
 		return nil, fmt.Errorf("insert step: %w", err)
 	}
 	return &Decision{Decision: wire.DecisionDenied, StepID: s.StepID, Reason: reason, RuleID: ruleID}, nil
-}
-
-// agentBundle returns the policy bundle of the execution's agent. Until
-// bundles are evaluated it is always empty (permissive).
-func (o *op) agentBundle() string { return "" }
-
-// pendingApprovalID finds the approval a step awaits. Approvals arrive with
-// the governance work; until then no step can be awaiting one.
-func (k *Kernel) pendingApprovalID(o *op, s *store.Step) (string, error) {
-	return "", fmt.Errorf("step %s awaits an approval, but approvals are not implemented", s.StepID)
 }
 
 // OutcomeRequest is a parsed step complete or fail body.

@@ -14,18 +14,22 @@ import (
 // wake-up; the spec asks for due work to be done within 1–2 s.
 const pollInterval = time.Second
 
-// RunWorkers runs the kernel's periodic duties until ctx ends: deadlines and
-// (when retention is on) the retention sweep and the idempotency-key sweep.
+// RunWorkers runs the kernel's periodic duties until ctx ends: deadlines,
+// approval expiry, the idempotency-key sweep and (when on) retention.
 func (k *Kernel) RunWorkers(ctx context.Context) {
+	loops := []func(context.Context){k.deadlineLoop, k.sweepLoop, k.approvalLoop}
 	done := make(chan struct{})
-	go func() { k.deadlineLoop(ctx); done <- struct{}{} }()
-	go func() { k.sweepLoop(ctx); done <- struct{}{} }()
-	<-done
-	<-done
+	for _, loop := range loops {
+		go func() { loop(ctx); done <- struct{}{} }()
+	}
+	for range loops {
+		<-done
+	}
 }
 
 func (k *Kernel) deadlineLoop(ctx context.Context) {
 	for ctx.Err() == nil {
+		changed := k.clock.Changed()
 		ids, err := k.store.Read().DeadlinesDue(ctx, k.clock.Now(), 100)
 		if err != nil {
 			k.workerError("deadline", err)
@@ -42,7 +46,7 @@ func (k *Kernel) deadlineLoop(ctx context.Context) {
 		if err != nil {
 			k.workerError("deadline", err)
 		}
-		clock.Wait(k.clock, next, pollInterval, nil, ctx.Done())
+		clock.Wait(k.clock, next, pollInterval, changed, ctx.Done())
 	}
 }
 

@@ -67,6 +67,22 @@ type Reader interface {
 
 	Idempotency(ctx context.Context, route, scope, key string) (*IdempotencyRecord, error)
 
+	Approval(ctx context.Context, id string) (*Approval, error)
+	// PendingApprovalForStep finds the pending approval a step awaits.
+	PendingApprovalForStep(ctx context.Context, executionID, stepID string) (*Approval, error)
+	// PendingApprovals lists an execution's pending approvals by id.
+	PendingApprovals(ctx context.Context, executionID string) ([]*Approval, error)
+	// ListApprovals lists approvals in ascending id order.
+	ListApprovals(ctx context.Context, f ApprovalFilter) ([]*Approval, error)
+	// ExpiredApprovals returns pending approvals whose timeout has passed.
+	ExpiredApprovals(ctx context.Context, now time.Time, limit int) ([]ApprovalRef, error)
+	// NextApprovalTimeout is the earliest timeout of a pending approval; zero
+	// when there is none.
+	NextApprovalTimeout(ctx context.Context) (time.Time, error)
+	// RateLimitMark is the time of the last audited rate-limit refusal of a
+	// step id (§20).
+	RateLimitMark(ctx context.Context, executionID, stepID string) (at time.Time, found bool, err error)
+
 	// Scheduling queries used by the background workers.
 	DueDispatches(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
 	ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
@@ -111,6 +127,11 @@ type Tx interface {
 	DeleteAgent(ctx context.Context, id string) error
 
 	InsertIdempotency(ctx context.Context, r *IdempotencyRecord) error
+	InsertApproval(ctx context.Context, a *Approval) error
+	// UpdateApproval writes the decision fields of a.
+	UpdateApproval(ctx context.Context, a *Approval) error
+	SetRateLimitMark(ctx context.Context, executionID, stepID string, at time.Time) error
+	DeleteExecutionMarks(ctx context.Context, executionID string) error
 	DeleteIdempotencyBefore(ctx context.Context, before time.Time) error
 
 	// AfterCommit registers f to run once the transaction is durable. It is
@@ -232,4 +253,36 @@ type IdempotencyRecord struct {
 	BodyHash    string
 	ExecutionID string
 	CreatedAt   time.Time
+}
+
+// Approval is a human decision a step waits for (§2.5).
+type Approval struct {
+	ID          string
+	ExecutionID string
+	StepID      string
+	AgentID     string
+	Kind        string
+	Target      string
+	Status      string
+	Approvers   []string
+	Message     string
+	TimeoutAt   time.Time
+	DecidedBy   string
+	DecidedAt   time.Time
+	Rationale   string
+	CreatedAt   time.Time
+}
+
+// ApprovalFilter selects approvals for ListApprovals.
+type ApprovalFilter struct {
+	Status      string
+	ExecutionID string
+	After       string // ids strictly greater
+	Limit       int
+}
+
+// ApprovalRef names an approval found by a scheduling query.
+type ApprovalRef struct {
+	ID          string
+	ExecutionID string
 }

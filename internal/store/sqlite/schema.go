@@ -125,4 +125,33 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_by_execution ON idempotency_keys (execution_id);
 CREATE INDEX idempotency_by_age ON idempotency_keys (created_at);
 `,
+	`
+CREATE TABLE approvals (
+  id TEXT PRIMARY KEY,
+  execution_id TEXT NOT NULL,
+  step_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target TEXT NOT NULL,
+  status TEXT NOT NULL,
+  approvers TEXT NOT NULL DEFAULT '[]',
+  message TEXT NOT NULL DEFAULT '',
+  timeout_at INTEGER NOT NULL,
+  decided_by TEXT NOT NULL DEFAULT '',
+  decided_at INTEGER NOT NULL DEFAULT 0,
+  rationale TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL
+);
+CREATE INDEX approvals_pending_timeout ON approvals (timeout_at) WHERE status = 'pending';
+CREATE INDEX approvals_by_step ON approvals (execution_id, step_id);
+CREATE INDEX approvals_by_status ON approvals (status, id);
+CREATE INDEX approvals_by_execution ON approvals (execution_id, id);
+
+CREATE TABLE rate_limit_marks (
+  execution_id TEXT NOT NULL,
+  step_id TEXT NOT NULL,
+  audited_at INTEGER NOT NULL,
+  PRIMARY KEY (execution_id, step_id)
+);
+`,
 }

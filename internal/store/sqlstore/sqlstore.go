@@ -216,6 +216,8 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 		`DELETE FROM counters WHERE execution_id = ?`,
 		`DELETE FROM dispatches WHERE execution_id = ?`,
 		`DELETE FROM idempotency_keys WHERE execution_id = ?`,
+		`DELETE FROM approvals WHERE execution_id = ?`,
+		`DELETE FROM rate_limit_marks WHERE execution_id = ?`,
 		`DELETE FROM executions WHERE id = ?`,
 	} {
 		if err := t.exec(ctx, stmt, id); err != nil {

@@ -1,0 +1,278 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/rebuno/rebuno/internal/clock"
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/policy"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// recordAwaitingApproval records a step a rule holds for a human (§10.4,
+// §18.1): the step waits, an approval is created, the execution blocks and
+// its live dispatch is released.
+func (o *op) recordAwaitingApproval(s *store.Step, res PolicyResult) (*Decision, error) {
+	cfg := res.Approval
+	if cfg == nil {
+		cfg = &policy.ApprovalConfig{}
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = o.k.cfg.ApprovalTimeout
+	}
+	approvers := cfg.Approvers
+	if approvers == nil {
+		approvers = []string{}
+	}
+	a := &store.Approval{
+		ID: newID(), ExecutionID: o.e.ID, StepID: s.StepID, AgentID: o.e.AgentID, Kind: s.Kind, Target: s.Target,
+		Status: wire.ApprovalPending, Approvers: approvers, Message: cfg.Message, TimeoutAt: o.now.Add(timeout), CreatedAt: o.now,
+	}
+	s.Status = wire.StepAwaitingApproval
+	if err := o.tx.InsertStep(o.ctx, s); err != nil {
+		return nil, fmt.Errorf("insert step: %w", err)
+	}
+	if err := o.tx.InsertApproval(o.ctx, a); err != nil {
+		return nil, fmt.Errorf("insert approval: %w", err)
+	}
+	o.emit(wire.EventStepProposed, stepPayload(s))
+	o.emit(wire.EventStepAwaitingApproval, stepPayload(s).String("rule_id", res.RuleID))
+	o.emit(wire.EventApprovalRequested, approvalPayload(a))
+	o.e.Status = wire.ExecBlocked
+	o.e.UpdatedAt = o.now
+	o.emit(wire.EventExecutionBlocked, (&jsonx.Object{}).String("execution_id", o.e.ID).String("status", wire.ExecBlocked))
+	// The dispatch is released, not superseded: it stays the newest, so a
+	// handler still running gets the ordinary answers of a blocked execution.
+	if err := o.tx.RetireDispatches(o.ctx, o.e.ID, "", o.now); err != nil {
+		return nil, fmt.Errorf("release dispatch: %w", err)
+	}
+	return &Decision{Decision: wire.DecisionBlocked, StepID: s.StepID, ApprovalID: a.ID}, nil
+}
+
+func approvalPayload(a *store.Approval) *jsonx.Object {
+	p := (&jsonx.Object{}).String("approval_id", a.ID).String("step_id", a.StepID).
+		String("execution_id", a.ExecutionID).String("status", a.Status)
+	if a.Status == wire.ApprovalPending {
+		return p
+	}
+	if a.Status == wire.ApprovalExpired {
+		return p.String("rationale", a.Rationale)
+	}
+	if a.DecidedBy != "" {
+		p.String("decided_by", a.DecidedBy)
+	}
+	if a.Rationale != "" {
+		p.String("rationale", a.Rationale)
+	}
+	return p
+}
+
+// pendingApprovalID finds the approval a step awaits, through the index on
+// (execution, step).
+func (k *Kernel) pendingApprovalID(o *op, s *store.Step) (string, error) {
+	a, err := o.tx.PendingApprovalForStep(o.ctx, o.e.ID, s.StepID)
+	if err != nil {
+		return "", fmt.Errorf("read approval of step %s: %w", s.StepID, err)
+	}
+	return a.ID, nil
+}
+
+// closeApprovals expires the pending approvals of a terminating execution
+// and denies their steps (§7.8 step 1).
+func (o *op) closeApprovals(cause string) error {
+	pending, err := o.tx.PendingApprovals(o.ctx, o.e.ID)
+	if err != nil {
+		return fmt.Errorf("read pending approvals: %w", err)
+	}
+	for _, a := range pending {
+		if err := o.resolve(a, wire.ApprovalExpired, "", cause, cause); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolve decides a pending approval and its step in the current
+// transaction: granted → the step may start; denied or expired → the step is
+// denied with stepReason.
+func (o *op) resolve(a *store.Approval, status, decidedBy, rationale, stepReason string) error {
+	a.Status, a.DecidedBy, a.DecidedAt, a.Rationale = status, decidedBy, o.now, rationale
+	if err := o.tx.UpdateApproval(o.ctx, a); err != nil {
+		return fmt.Errorf("update approval: %w", err)
+	}
+	typ := map[string]string{wire.ApprovalGranted: wire.EventApprovalGranted, wire.ApprovalDenied: wire.EventApprovalDenied,
+		wire.ApprovalExpired: wire.EventApprovalExpired}[status]
+	o.emit(typ, approvalPayload(a))
+	s, err := o.tx.Step(o.ctx, a.ExecutionID, a.StepID)
+	if err != nil {
+		return fmt.Errorf("read step of approval: %w", err)
+	}
+	if status == wire.ApprovalGranted {
+		s.Status = wire.StepAllowed
+		o.emit(wire.EventStepAllowed, stepPayload(s).String("approval_id", a.ID))
+	} else {
+		errJSON := (&jsonx.Object{}).String("reason", stepReason).Bytes()
+		s.Status = wire.StepDenied
+		s.Error = errJSON
+		s.ErrorReason = stepReason
+		s.CompletedAt = o.now
+		o.emit(wire.EventStepDenied, stepPayload(s).Raw("error", errJSON))
+		s.TerminalSeq = o.e.LastSeq
+	}
+	if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+		return fmt.Errorf("update step of approval: %w", err)
+	}
+	m, wait := o.k.metrics, o.now.Sub(a.CreatedAt).Seconds()
+	o.tx.AfterCommit(func() {
+		m.ApprovalOutcomes.WithLabelValues(status).Inc()
+		m.ApprovalWait.Observe(wait)
+	})
+	return nil
+}
+
+// resume unblocks the execution after its approval was decided and asks the
+// agent to run again (§18.5).
+func (o *op) resume() error {
+	o.e.Status = wire.ExecRunning
+	o.e.UpdatedAt = o.now
+	o.emit(wire.EventExecutionResumed, (&jsonx.Object{}).String("execution_id", o.e.ID).String("status", wire.ExecRunning))
+	return o.enqueueDispatch()
+}
+
+// DecideRequest is a parsed grant or deny body.
+type DecideRequest struct {
+	Grant     bool
+	DecidedBy string
+	Rationale string
+}
+
+// DecideApproval grants or denies a pending approval (§18.3). Concurrent
+// grants, denials, cancels and expiries are serialised by the execution
+// lock: exactly one wins and the others see a non-pending approval.
+func (k *Kernel) DecideApproval(ctx context.Context, id string, r DecideRequest) error {
+	if len(r.DecidedBy) > wire.MaxShortStringBytes {
+		return validation("decided_by", "decided_by is longer than %d bytes", wire.MaxShortStringBytes)
+	}
+	if len(r.Rationale) > wire.MaxRationaleBytes {
+		return validation("rationale", "rationale is longer than %d bytes", wire.MaxRationaleBytes)
+	}
+	first, err := k.store.Read().Approval(ctx, id)
+	if err != nil {
+		return notFoundOr(err, "approval")
+	}
+	return k.update(ctx, first.ExecutionID, func(o *op) error {
+		a, err := o.tx.Approval(o.ctx, id)
+		if err != nil {
+			return notFoundOr(err, "approval")
+		}
+		if a.Status != wire.ApprovalPending {
+			return errConflict("approval is not pending")
+		}
+		if len(a.Approvers) > 0 && !contains(a.Approvers, r.DecidedBy) {
+			return &Error{Code: wire.CodeForbidden, Message: fmt.Sprintf("forbidden: %q is not an approver for this approval", r.DecidedBy)}
+		}
+		if err := o.load(a.ExecutionID, Caller{}); err != nil {
+			return err
+		}
+		if wire.ExecTerminal(o.e.Status) {
+			return errTerminal()
+		}
+		if r.Grant {
+			err = o.resolve(a, wire.ApprovalGranted, r.DecidedBy, r.Rationale, "")
+		} else {
+			reason := r.Rationale
+			if reason == "" {
+				reason = wire.ReasonApprovalDenied
+			}
+			err = o.resolve(a, wire.ApprovalDenied, r.DecidedBy, r.Rationale, reason)
+		}
+		if err != nil {
+			return err
+		}
+		return o.resume()
+	})
+}
+
+// ExpireApproval expires a pending approval whose timeout has passed (§18.4):
+// the step is denied and the execution resumes.
+func (k *Kernel) ExpireApproval(ctx context.Context, ref store.ApprovalRef) error {
+	return k.update(ctx, ref.ExecutionID, func(o *op) error {
+		a, err := o.tx.Approval(o.ctx, ref.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read approval: %w", err)
+		}
+		if a.Status != wire.ApprovalPending || a.TimeoutAt.After(o.now) {
+			return nil
+		}
+		if err := o.load(a.ExecutionID, Caller{}); err != nil {
+			return err
+		}
+		if err := o.resolve(a, wire.ApprovalExpired, "", wire.ReasonTimeout, wire.ReasonApprovalTimeout); err != nil {
+			return err
+		}
+		return o.resume()
+	})
+}
+
+// approvalLoop expires approvals within a second of their timeout, each in
+// its own transaction so that one failure never holds back the others.
+func (k *Kernel) approvalLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		changed := k.clock.Changed()
+		refs, err := k.store.Read().ExpiredApprovals(ctx, k.clock.Now(), 100)
+		if err != nil {
+			k.workerError("approval_expiry", err)
+		}
+		for _, ref := range refs {
+			if err := k.ExpireApproval(ctx, ref); err != nil {
+				k.workerError("approval_expiry", err)
+			}
+		}
+		if len(refs) == 100 {
+			continue
+		}
+		next, err := k.store.Read().NextApprovalTimeout(ctx)
+		if err != nil {
+			k.workerError("approval_expiry", err)
+		}
+		clock.Wait(k.clock, next, pollInterval, changed, ctx.Done())
+	}
+}
+
+// GetApproval reads one approval.
+func (k *Kernel) GetApproval(ctx context.Context, id string) (*store.Approval, error) {
+	a, err := k.store.Read().Approval(ctx, id)
+	if err != nil {
+		return nil, notFoundOr(err, "approval")
+	}
+	return a, nil
+}
+
+// ListApprovals lists approvals oldest first (§18.2).
+func (k *Kernel) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]*store.Approval, error) {
+	switch f.Status {
+	case "":
+		f.Status = wire.ApprovalPending
+	case wire.ApprovalPending, wire.ApprovalGranted, wire.ApprovalDenied, wire.ApprovalExpired:
+	default:
+		return nil, validation("status", "unknown status %q", f.Status)
+	}
+	switch {
+	case f.Limit < 0:
+		return nil, validation("limit", "limit must not be negative")
+	case f.Limit == 0, f.Limit > wire.MaxApprovalsLimit:
+		f.Limit = wire.MaxApprovalsLimit
+	}
+	list, err := k.store.Read().ListApprovals(ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("list approvals: %w", err)
+	}
+	return list, nil
+}
