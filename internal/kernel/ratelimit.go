@@ -85,8 +85,10 @@ func (l *MemoryLimiter) Check(key string, maxCalls int64, window time.Duration, 
 		b.tokens--
 		return true, 0, nil
 	}
-	ms := math.Ceil((1 - b.tokens) / rate * 1000)
-	return false, time.Duration(ms) * time.Millisecond, nil
+	// Round to the clock's nanoseconds before rounding up to milliseconds, so
+	// that float noise (20000.000000000004) does not add a millisecond.
+	wait := time.Duration(math.Round((1 - b.tokens) / rate * 1e9))
+	return false, (wait + time.Millisecond - 1).Truncate(time.Millisecond), nil
 }
 
 // sweep drops buckets untouched for longer than their window: they would be

@@ -205,7 +205,9 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 				}
 			}
 		}
-		if dec.Decision != wire.DecisionExecutionTerminal {
+		// A blocked execution has no live dispatch to renew: the submit that
+		// blocked it released the dispatch, and d still holds its old row.
+		if dec.Decision != wire.DecisionExecutionTerminal && o.e.Status != wire.ExecBlocked {
 			return o.renew(d, h)
 		}
 		return nil
