@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -56,6 +57,12 @@ func newLogger(s *settings, w io.Writer) *slog.Logger {
 
 func runDev(s *settings, stderr io.Writer) error {
 	log := newLogger(s, logSink(stderr))
+	// The kernel's heap is small and nearly all garbage is per request:
+	// collecting half as often costs little memory and saves CPU on the
+	// request path. GOGC still wins when set.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(200)
+	}
 	if !isLoopback(s.ListenAddr) && s.BearerToken == "" {
 		return &configError{msg: fmt.Sprintf("refusing to listen on %s without --bearer-token: with auth off anyone who can "+
 			"reach the port could register agents and make the kernel call any URL; listen on 127.0.0.1 or set a token", s.ListenAddr)}

@@ -94,6 +94,7 @@ func (k *Kernel) upsertAgent(ctx context.Context, tx store.Tx, a AgentSpec) (*st
 			return nil, fmt.Errorf("set policy: %w", err)
 		}
 	}
+	tx.AfterCommit(func() { k.forgetBundle(a.ID) })
 	stored, err := tx.Agent(ctx, a.ID)
 	if err != nil {
 		return nil, fmt.Errorf("read agent: %w", err)
@@ -163,6 +164,7 @@ func (k *Kernel) DeleteAgent(ctx context.Context, id string) error {
 		if live {
 			return errConflict("agent has executions that are not terminal")
 		}
+		tx.AfterCommit(func() { k.forgetBundle(id) })
 		return tx.DeleteAgent(ctx, id)
 	})
 }
@@ -177,6 +179,7 @@ func (k *Kernel) SetPolicy(ctx context.Context, agentID, bundle string) error {
 		if errors.Is(err, store.ErrNotFound) {
 			return errNotFound("agent")
 		}
+		tx.AfterCommit(func() { k.forgetBundle(agentID) })
 		return err
 	})
 }

@@ -65,6 +65,8 @@ type Kernel struct {
 	policy  Policy
 	limiter Limiter
 	wake    chan struct{}
+
+	bundleTexts bundleTexts
 }
 
 // Options wires a kernel's collaborators.

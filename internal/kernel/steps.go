@@ -339,12 +339,12 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 		}
 	}
 
-	agent, err := o.tx.Agent(o.ctx, o.e.AgentID)
+	bundle, err := o.agentBundle()
 	if err != nil {
-		return nil, fmt.Errorf("read agent policy: %w", err)
+		return nil, err
 	}
 	start := time.Now()
-	res := o.k.policy.Evaluate(agent.PolicyBundle, StepFacts{AgentID: o.e.AgentID, Kind: r.Kind, Target: r.Target, Args: r.ArgsValue})
+	res := o.k.policy.Evaluate(bundle, StepFacts{AgentID: o.e.AgentID, Kind: r.Kind, Target: r.Target, Args: r.ArgsValue})
 	m := o.k.metrics
 	m.PolicyLatency.Observe(time.Since(start).Seconds())
 	if res.RateLimit != nil && res.Decision != PolicyDeny {

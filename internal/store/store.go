@@ -50,7 +50,7 @@ type Reader interface {
 	// only the given statuses (all when empty).
 	Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*Step, error)
 	// OpenSteps returns the steps in status allowed or executing, in
-	// recording order, through an index on exactly those rows.
+	// recording order.
 	OpenSteps(ctx context.Context, executionID string) ([]*Step, error)
 	// MaxOccurrence is the highest occurrence recorded for this identity.
 	MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (occ int64, found bool, err error)

@@ -82,7 +82,6 @@ CREATE TABLE steps (
 );
 CREATE INDEX steps_by_identity ON steps (execution_id, kind, target, args_hash, occurrence);
 CREATE INDEX steps_by_order ON steps (execution_id, step_order);
-CREATE INDEX steps_open ON steps (execution_id, step_order) WHERE status IN ('allowed','executing');
 
 CREATE TABLE dispatches (
   id TEXT PRIMARY KEY,
