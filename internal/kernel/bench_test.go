@@ -3,7 +3,6 @@ package kernel
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 
 	"github.com/rebuno/rebuno/internal/clock"
@@ -22,10 +21,9 @@ func BenchmarkStepRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { st.Close() })
-	_ = filepath.Join
 	k := New(Options{Store: st, Clock: clock.Real{}, Config: DefaultConfig()})
 	ctx := context.Background()
-	if _, err := k.RegisterAgent(ctx, AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "s"}); err != nil {
+	if _, err := k.RegisterAgent(ctx, AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "a-secret-of-16-bytes"}); err != nil {
 		b.Fatal(err)
 	}
 	e, err := k.CreateExecution(ctx, CreateRequest{AgentID: "a"})
