@@ -7,7 +7,7 @@ BIN := bin
 PYTHON ?= python3
 COMPAT_VENV := tests/compat/.venv
 
-.PHONY: all build build-test test test-go test-compat bench bench-long demo fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk bench bench-long demo fuzz clean
 
 all: build
 
@@ -19,7 +19,7 @@ build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
 ## test: every test — Go unit, store contract, black-box and the published-client compatibility suite.
-test: test-go test-compat
+test: test-go test-compat test-sdk
 
 test-go: build build-test demo
 	$(GO) vet ./...
@@ -33,6 +33,19 @@ $(COMPAT_VENV)/.installed: tests/compat/requirements.txt
 ## test-compat: runs the published rebuno==0.29.2 client, unmodified, against the kernel.
 test-compat: build-test $(COMPAT_VENV)/.installed
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/compat
+
+SDK_PY := sdk/python
+SDK_VENV := $(SDK_PY)/.venv
+
+$(SDK_VENV)/.installed: $(SDK_PY)/pyproject.toml $(SDK_PY)/constraints.txt
+	$(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install -q --disable-pip-version-check -c $(SDK_PY)/constraints.txt -e '$(SDK_PY)[test]'
+	touch $@
+
+## test-sdk: the Python SDK: mypy --strict, unit tests, end-to-end tests against the real kernel.
+test-sdk: build-test $(SDK_VENV)/.installed
+	cd $(SDK_PY) && .venv/bin/mypy
+	cd $(SDK_PY) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test .venv/bin/python -m pytest -q
 
 ## bench: the load generator of bench/ over real HTTP (PROTOCOL §29).
 bench: build

@@ -182,11 +182,12 @@ func printBanner(w io.Writer, s *settings, addr string, durable bool, agents int
 	fmt.Fprintf(w, "  store:    %s\n", store)
 	fmt.Fprintf(w, "  auth:     %s\n", authState)
 	fmt.Fprintf(w, "  legacy agent signatures: %s\n", legacy)
-	fmt.Fprintf(w, "  provisioned agents: %d\n", agents)
 	if manualClock {
 		fmt.Fprintf(w, "  TEST SETTING: REBUNO_TEST_CLOCK=manual (time moves only through POST /v0/test/clock)\n")
 	}
 	if limiterFault {
 		fmt.Fprintf(w, "  TEST SETTING: REBUNO_TEST_LIMITER_FAULT=%s (every rate-limit check fails)\n", os.Getenv("REBUNO_TEST_LIMITER_FAULT"))
 	}
+	// Last line of the banner: tools that read it wait for this line.
+	fmt.Fprintf(w, "  provisioned agents: %d\n", agents)
 }

@@ -125,13 +125,19 @@ func (k *Kernel) start() {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		sent := false
+		url := ""
 		for sc.Scan() {
 			line := sc.Text()
 			k.mu.Lock()
 			k.stderr.WriteString(line + "\n")
 			k.mu.Unlock()
-			if m := urlLine.FindStringSubmatch(line); m != nil && !sent {
-				found <- m[1]
+			if m := urlLine.FindStringSubmatch(line); m != nil && url == "" {
+				url = m[1]
+			}
+			// The banner ends with the provisioned agents line: once it is
+			// read, tests can inspect the whole banner.
+			if url != "" && !sent && strings.Contains(line, "provisioned agents:") {
+				found <- url
 				sent = true
 			}
 		}

@@ -1,0 +1,88 @@
+"""Rebuno: durable execution for AI agents — the Python SDK.
+
+    from rebuno import Agent, tool, step, http_client
+
+    @tool("web_search")
+    async def web_search(query: str) -> str:
+        \"\"\"Search the web.\"\"\"
+        ...
+
+    async def process(prompt: str) -> dict:
+        found = await web_search(prompt)
+        return {"answer": found}
+
+    Agent("researcher").run(process, port=5000)
+"""
+
+from .agent import Agent
+from .client import Client
+from .errors import (
+    APIError,
+    Blocked,
+    CheckpointUnavailable,
+    ConflictError,
+    ExecutionTerminalError,
+    ForbiddenError,
+    InternalServerError,
+    LeaseSupersededError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PolicyError,
+    RateLimited,
+    RebunoError,
+    Terminated,
+    ToolError,
+    UnauthorizedError,
+    UnavailableError,
+    ValidationError,
+    raise_for_refusal,
+)
+from .execution import ExecutionContext, execution
+from .http_client import RebunoTransport, http_client
+from .step import step
+from .tool import tool, wrap_tool
+from .types import AgentInfo, Approval, Decision, Event, Execution, ExecutionPage, Step, StreamDelta
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "Client",
+    "tool",
+    "wrap_tool",
+    "step",
+    "http_client",
+    "RebunoTransport",
+    "execution",
+    "ExecutionContext",
+    "raise_for_refusal",
+    "RebunoError",
+    "PolicyError",
+    "RateLimited",
+    "ToolError",
+    "Blocked",
+    "Terminated",
+    "CheckpointUnavailable",
+    "APIError",
+    "ValidationError",
+    "UnauthorizedError",
+    "ForbiddenError",
+    "NotFoundError",
+    "MethodNotAllowedError",
+    "ConflictError",
+    "ExecutionTerminalError",
+    "LeaseSupersededError",
+    "PayloadTooLargeError",
+    "InternalServerError",
+    "UnavailableError",
+    "Execution",
+    "ExecutionPage",
+    "Step",
+    "Event",
+    "Approval",
+    "AgentInfo",
+    "Decision",
+    "StreamDelta",
+    "__version__",
+]

@@ -1,0 +1,208 @@
+"""The step protocol shared by `@tool`, `wrap_tool`, `step()` and MCP tools:
+submit, run the body on `proceed`, report its outcome (PROTOCOL §10, §13, §8.9).
+
+Decisions map to outcomes:
+
+| decision            | outcome                                                    |
+|---------------------|------------------------------------------------------------|
+| `proceed`           | the body runs; its result is recorded and returned         |
+| `replay`            | the recorded result is returned, or its error raised as `ToolError` |
+| `denied`            | `PolicyError`                                               |
+| `rate_limited`      | `RateLimited`                                               |
+| `blocked`, `execution_blocked` | `Blocked` (sticky)                             |
+| `execution_terminal`, `409 lease_superseded` | `Terminated` (sticky)            |
+
+Results are encoded as plain JSON (insertion order kept) and the live call
+returns the decoded copy, so a live run and its replays see identical values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import re
+from typing import Any, Awaitable, Callable, Sequence
+
+from .errors import Blocked, PolicyError, RateLimited, Terminated, ToolError
+from .execution import ExecutionContext, _step, require_context
+from .identity import canonical_json
+from .types import Decision
+
+log = logging.getLogger("rebuno")
+
+__all__ = ["run_effect", "encode_result", "error_message", "validate_resources", "validate_idempotency"]
+
+CANCELLED_ERROR = '{"message":"cancelled after start","type":"cancelled"}'
+_RESOURCE_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def validate_idempotency(idempotency: str) -> str:
+    if idempotency not in ("safe_to_retry", "at_most_once"):
+        raise ValueError(f"idempotency must be 'safe_to_retry' or 'at_most_once', not {idempotency!r}")
+    return idempotency
+
+
+def validate_resources(resources: Sequence[str] | None) -> list[str]:
+    """Check `resources=` keys (RESOURCES-AND-FORKS.md §1, §2.1): each 1–128
+    characters from `A–Z a–z 0–9 . _ -`, not `.` or `..`; duplicates dropped,
+    keeping the first."""
+    if resources is None:
+        return []
+    if isinstance(resources, (str, bytes)):
+        raise ValueError("resources must be a list of resource keys, not a string")
+    out: list[str] = []
+    for key in resources:
+        if not isinstance(key, str) or _RESOURCE_KEY.fullmatch(key) is None or key in (".", ".."):
+            raise ValueError(f"invalid resource key {key!r}: 1 to 128 characters from A-Z a-z 0-9 . _ -, "
+                             "and neither '.' nor '..'")
+        if key not in out:
+            out.append(key)
+    if len(out) > 32:
+        raise ValueError("at most 32 resources may be declared")
+    return out
+
+
+def _dumps(value: Any, ensure_ascii: bool) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, separators=(",", ":"), allow_nan=False)
+
+
+def encode_result(value: Any) -> str:
+    """Plain JSON text of a result; `TypeError` names the first type that
+    cannot be encoded (`datetime`, ...), `ValueError` for NaN/Infinity."""
+    try:
+        text = _dumps(value, False)
+    except TypeError:
+        raise TypeError(_first_unencodable(value)) from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: escape them, the kernel maps them to U+FFFD
+        text = _dumps(value, True)
+    return text
+
+
+def _first_unencodable(value: Any) -> str:
+    stack = [value]
+    while stack:
+        v = stack.pop(0)
+        if v is None or isinstance(v, (str, int, float, bool)):
+            continue
+        if isinstance(v, (list, tuple)):
+            stack[0:0] = list(v)
+            continue
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    return type(k).__name__
+                stack.append(item)
+            continue
+        return type(v).__name__
+    return type(value).__name__
+
+
+def error_message(error: Any) -> str:
+    """The message of a recorded step error: its string `message`, else `reason`,
+    else its JSON text (§8.9)."""
+    if isinstance(error, dict):
+        for key in ("message", "reason"):
+            if isinstance(error.get(key), str):
+                return str(error[key])
+    return json.dumps(error, ensure_ascii=False, separators=(",", ":"))
+
+
+def _error_json(exc: BaseException) -> str:
+    return json.dumps({"message": str(exc), "type": type(exc).__name__}, ensure_ascii=True, separators=(",", ":"))
+
+
+def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> Any:
+    """Return or raise the outcome of a decision other than `proceed`."""
+    d = decision.decision
+    if d == "replay":
+        if decision.has_error:
+            raise ToolError(target, error_message(decision.error), error=decision.error, step_id=decision.step_id)
+        return decision.result
+    if d == "denied":
+        raise PolicyError(decision.reason or "policy_denied", rule_id=decision.rule_id, step_id=decision.step_id)
+    if d == "rate_limited":
+        raise RateLimited(decision.reason or "rate_limit_exceeded", retry_after_ms=decision.retry_after_ms,
+                          rule_id=decision.rule_id)
+    if d == "execution_terminal":
+        raise ctx.record_signal(Terminated("execution_terminal"))
+    if d in ("blocked", "execution_blocked"):
+        raise ctx.record_signal(Blocked(approval_id=decision.approval_id, step_id=decision.step_id))
+    raise ToolError(target, f"unexpected decision {d!r} from the kernel")
+
+
+async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str) -> Any:
+    """Record a step's outcome; return the outcome that stands (the kernel's
+    stored one when it answers `replay`)."""
+    try:
+        decision = await ctx.kernel.step_outcome(ctx.execution_id, step_id, ctx.lease, succeeded=succeeded,
+                                                 value_json=value_json)
+    except Terminated as t:
+        raise ctx.terminated(t) from None
+    if decision.decision == "recorded":
+        return None
+    if decision.decision == "replay":
+        return decision
+    return decision_outcome(ctx, target, decision)
+
+
+async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Awaitable[Any]], *,
+                     idempotency: str = "safe_to_retry", resources: Sequence[str] = (),
+                     what: str = "a tool") -> Any:
+    """Run one governed effect and return its (recorded or replayed) result."""
+    ctx = require_context(what)
+    decision = await ctx.submit(kind, target, canonical_json(args), idempotency, list(resources))
+    if decision.decision != "proceed":
+        return decision_outcome(ctx, target, decision)
+    step_id = decision.step_id or ""
+    token = _step.set(step_id)
+    try:
+        value = await body()
+    except asyncio.CancelledError:
+        if not ctx.stopping and ctx.signal is None:
+            # The body alone was cancelled and the dispatch goes on: record it.
+            await asyncio.shield(_report_cancelled(ctx, target, step_id))
+        raise
+    except (Blocked, Terminated):
+        # A nested step met a signal: leave this step executing; it re-runs
+        # (or is found indeterminate) when the execution resumes.
+        raise
+    except Exception as exc:
+        if ctx.signal is not None:
+            raise ctx.signal from exc
+        stored = await report(ctx, target, step_id, succeeded=False, value_json=_error_json(exc))
+        if isinstance(stored, Decision):
+            return decision_outcome(ctx, target, stored)
+        raise ToolError(target, str(exc), error={"message": str(exc), "type": type(exc).__name__},
+                        step_id=step_id) from exc
+    finally:
+        _step.reset(token)
+    try:
+        text = encode_result(value)
+    except (TypeError, ValueError) as exc:
+        message = f"result is not JSON-serializable: {exc}"
+        await report(ctx, target, step_id, succeeded=False,
+                     value_json=json.dumps({"message": message, "type": "TypeError"}))
+        raise ToolError(target, message, step_id=step_id) from exc
+    stored = await report(ctx, target, step_id, succeeded=True, value_json=text)
+    if isinstance(stored, Decision):
+        return decision_outcome(ctx, target, stored)
+    return json.loads(text)
+
+
+async def _report_cancelled(ctx: ExecutionContext, target: str, step_id: str) -> None:
+    try:
+        await report(ctx, target, step_id, succeeded=False, value_json=CANCELLED_ERROR)
+    except Exception as exc:  # the cancellation propagates whatever happens here
+        log.warning("rebuno: could not record the cancellation of step %s (%s): %s", target, step_id, exc)
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a function; await its result when it is awaitable."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

@@ -1,0 +1,276 @@
+"""The agent's signed client to the kernel (PROTOCOL §4.3, §8.7, §8.8).
+
+Every request is signed with a fresh `v1` signature. Requests made for a
+dispatch carry `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` (mutations
+only: the kernel ignores them on reads). Transport failures are retried as
+§8.8 says, until a whole lease has passed since the last renewal; then the
+attempt is abandoned (`Terminated("abandoned")`) without reporting anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from .errors import APIError, Terminated, api_error
+from .signing import sign_v1
+from .types import Decision, Execution
+
+__all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
+
+log = logging.getLogger("rebuno")
+
+BACKOFF_START = 0.1
+BACKOFF_MAX = 5.0
+# Retry budget of requests made outside any dispatch (metadata at start-up).
+NO_LEASE_BUDGET = 10.0
+
+
+class LeaseClock:
+    """When the current attempt's lease was last renewed, on the monotonic clock.
+
+    The SDK cannot see the kernel's clock; it uses the send time of the last
+    request whose answer renewed the lease, which is never later than the
+    kernel's renewal.
+    """
+
+    def __init__(self, lease_timeout_seconds: float) -> None:
+        self.lease_timeout = float(lease_timeout_seconds)
+        self.renewed_at = time.monotonic()
+
+    def renewed(self, at: float) -> None:
+        self.renewed_at = max(self.renewed_at, at)
+
+    @property
+    def deadline(self) -> float:
+        return self.renewed_at + self.lease_timeout
+
+
+@dataclass
+class Lease:
+    """What an agent request carries of its dispatch."""
+
+    dispatch_id: str
+    attempt: int | None
+    clock: LeaseClock
+    # Whether the kernel echoes Rebuno-Step-Occurrence (learned from the first
+    # submit answer that carries a step id, §11.6). None until known.
+    occurrence_supported: bool | None = field(default=None)
+
+
+class Retry(enum.Enum):
+    NEVER = "never"
+    ALWAYS = "always"
+    SUBMIT = "submit"  # only when the occurrence makes a re-send safe (§11.6)
+
+
+@dataclass
+class KernelResponse:
+    status: int
+    headers: httpx2.Headers
+    body: bytes
+    sent_at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+class KernelClient:
+    """Signed HTTP client of one agent. One instance per `Agent`."""
+
+    def __init__(self, base_url: str, agent_id: str, secret: str, *, timeout: float,
+                 transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.agent_id = agent_id
+        self._secret = secret
+        self._timeout = timeout
+        self._transport = transport
+        self._client: httpx2.AsyncClient | None = None
+
+    def _http(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                base_url=self.base_url, timeout=httpx2.Timeout(self._timeout), transport=self._transport,
+                follow_redirects=False,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    # ------------------------------------------------------------------ core
+
+    def _build(self, method: str, path: str, body: bytes, lease: Lease | None,
+               occurrence: int | None) -> httpx2.Request:
+        headers = {
+            "Content-Type": "application/json",
+            "Rebuno-Agent-Id": self.agent_id,
+            "Rebuno-Timestamp": str(int(time.time())),
+        }
+        dispatch_id = attempt = None
+        if lease is not None and method != "GET":
+            dispatch_id = lease.dispatch_id
+            headers["Rebuno-Dispatch-Id"] = dispatch_id
+            if lease.attempt is not None:
+                attempt = str(lease.attempt)
+                headers["Rebuno-Dispatch-Attempt"] = attempt
+            if occurrence is not None:
+                headers["Rebuno-Step-Occurrence"] = str(occurrence)
+        req = self._http().build_request(method, path, content=body, headers=headers)
+        target = req.url.raw_path.decode("ascii")
+        req.headers["Rebuno-Signature"] = sign_v1(
+            self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
+        return req
+
+    async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,
+                      occurrence: int | None = None, retry: Retry = Retry.ALWAYS) -> KernelResponse:
+        """Send one signed request, retrying transport failures per §8.8.
+
+        Returns every HTTP answer except `409 lease_superseded`, which raises
+        `Terminated("lease_superseded")`, and `503`, which is retried.
+        Raises `Terminated("abandoned")` when retrying must stop.
+        """
+        delay = BACKOFF_START
+        started = time.monotonic()
+        while True:
+            sent_at = time.monotonic()
+            failure: BaseException | None = None
+            connect_phase = False
+            try:
+                resp = await self._http().send(self._build(method, path, body, lease, occurrence))
+                try:
+                    content = await resp.aread()
+                finally:
+                    await resp.aclose()
+            except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+                failure, connect_phase = e, True
+            except httpx2.TransportError as e:
+                failure = e
+            else:
+                if resp.status_code == 409 and _code(content) == "lease_superseded":
+                    raise Terminated("lease_superseded")
+                if resp.status_code != 503:
+                    return KernelResponse(resp.status_code, resp.headers, content, sent_at)
+                failure = api_error(503, content)
+            if retry is Retry.NEVER:
+                if isinstance(failure, APIError):
+                    raise failure
+                raise Terminated("abandoned") from failure
+            if retry is Retry.SUBMIT and not connect_phase:
+                if occurrence is None or lease is None or lease.occurrence_supported is not True:
+                    # The answer may have been lost after the kernel recorded the
+                    # submit; re-sending without a trusted occurrence could make a
+                    # second step. Abandon the attempt (§8.8, §11.6).
+                    log.warning("rebuno: submit answer lost (%s); abandoning the attempt", failure)
+                    raise Terminated("abandoned") from failure
+            deadline = lease.clock.deadline if lease is not None else started + NO_LEASE_BUDGET
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("rebuno: kernel unreachable for a whole lease (%s); abandoning the attempt", failure)
+                raise Terminated("abandoned") from failure
+            # Jittered exponential backoff; the last try happens at the deadline.
+            wait = min(BACKOFF_MAX, delay * (0.5 + random.random() / 2), remaining)
+            log.info("rebuno: %s %s failed (%s); retrying in %.2fs", method, path, failure, wait)
+            await asyncio.sleep(wait)
+            delay = min(BACKOFF_MAX, delay * 2)
+
+    # --------------------------------------------------------------- routes
+
+    async def get_execution(self, execution_id: str, lease: Lease | None) -> Execution:
+        resp = await self.request("GET", f"/v0/executions/{execution_id}", lease=lease)
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        return Execution.model_validate(resp.json())
+
+    async def submit(self, execution_id: str, lease: Lease, body: bytes, occurrence: int) -> Decision:
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/steps", body=body, lease=lease,
+                                  occurrence=occurrence, retry=Retry.SUBMIT)
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        decision = Decision.from_json(resp.json())
+        if decision.step_id is not None and lease.occurrence_supported is None:
+            lease.occurrence_supported = resp.headers.get("Rebuno-Step-Occurrence") is not None
+        if decision.decision != "execution_terminal":
+            lease.clock.renewed(resp.sent_at)
+        return decision
+
+    async def step_outcome(self, execution_id: str, step_id: str, lease: Lease, *, succeeded: bool,
+                           value_json: str) -> Decision:
+        verb, field_name = ("complete", "result") if succeeded else ("fail", "error")
+        body = ('{"%s":' % field_name + value_json + "}").encode("utf-8")
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/{verb}", body=body,
+                                  lease=lease)
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        decision = Decision.from_json(resp.json())
+        if decision.decision == "recorded":
+            lease.clock.renewed(resp.sent_at)
+        return decision
+
+    async def stream_delta(self, execution_id: str, step_id: str, lease: Lease, seq: int, data: str) -> None:
+        body = json.dumps({"seq": seq, "data": data}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/stream", body=body,
+                                  lease=lease, retry=Retry.NEVER)
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+
+    async def heartbeat(self, execution_id: str, lease: Lease) -> None:
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/heartbeat", lease=lease)
+        if resp.status == 409 and _code(resp.body) == "execution_terminal":
+            raise Terminated("execution_terminal")
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        lease.clock.renewed(resp.sent_at)
+
+    async def finish_execution(self, execution_id: str, lease: Lease, *, output_json: str | None = None,
+                               reason: str | None = None) -> bool:
+        """Complete (when `output_json` is given) or fail the execution.
+
+        Returns True when the kernel recorded it, False when the execution was
+        already terminal (`409 execution_terminal`, also the answer to a retry
+        whose first try was recorded, §8.8).
+        """
+        if output_json is not None:
+            path, body = "complete", ('{"output":' + output_json + "}").encode("utf-8")
+        else:
+            path = "fail"
+            body = json.dumps({"error": reason or ""}, ensure_ascii=False).encode("utf-8", "replace")
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/{path}", body=body, lease=lease)
+        if resp.status == 409 and _code(resp.body) == "execution_terminal":
+            return False
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        return True
+
+    async def put_metadata(self, *, description: str | None, input_schema: dict[str, Any] | None) -> None:
+        payload: dict[str, Any] = {}
+        if description:
+            payload["description"] = description[:4096]
+        if input_schema is not None:
+            payload["input_schema"] = input_schema
+        body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+        resp = await self.request("PUT", f"/v0/agents/{self.agent_id}/metadata", body=body)
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+
+
+def _code(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    return data.get("code", "") if isinstance(data, dict) and isinstance(data.get("code"), str) else ""

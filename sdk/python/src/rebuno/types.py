@@ -1,0 +1,171 @@
+"""Shapes the kernel returns (PROTOCOL §2), as pydantic models.
+
+Every model ignores fields it does not know (§1.4: clients MUST ignore
+unknown response fields), so a newer kernel never breaks an older SDK.
+Verbatim user JSON (`input`, `output`, `args`, `result`, `error`, payloads) is
+typed `Any`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Model",
+    "Execution",
+    "ExecutionPage",
+    "Step",
+    "Event",
+    "Approval",
+    "AgentInfo",
+    "DecisionResource",
+    "Decision",
+    "StreamDelta",
+    "StreamEnd",
+    "ExecutionStatus",
+    "StepStatus",
+    "TERMINAL_EXECUTION_STATUSES",
+]
+
+ExecutionStatus = Literal["pending", "running", "blocked", "completed", "failed", "cancelled"]
+StepStatus = Literal["proposed", "allowed", "denied", "awaiting_approval", "executing", "succeeded", "failed",
+                     "cancelled"]
+TERMINAL_EXECUTION_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+class Model(BaseModel):
+    """Base of every response model: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class Execution(Model):
+    id: str
+    agent_id: str
+    status: str
+    input: Any = None
+    output: Any = None
+    agent_version: str | None = None
+    failure_reason: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    deadline_at: datetime | None = None
+    parent_execution_id: str | None = None
+    idempotency_key: str | None = None
+    on_behalf_of: str | None = None
+    forked_from: str | None = None
+    fork_seq: int | None = None
+    restoration: dict[str, Any] | None = None
+    resource_keys: list[str] = Field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the status is completed, failed or cancelled."""
+        return self.status in TERMINAL_EXECUTION_STATUSES
+
+
+class ExecutionPage(Model):
+    executions: list[Execution] = Field(default_factory=list)
+    next_cursor: str | None = None
+
+
+class Step(Model):
+    step_id: str
+    execution_id: str
+    kind: str
+    target: str = ""
+    args_hash: str = ""
+    occurrence: int = 0
+    status: str
+    idempotency: str = "safe_to_retry"
+    args: Any = None
+    result: Any = None
+    error: Any = None
+    resources: list[str] = Field(default_factory=list)
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+class Event(Model):
+    execution_id: str
+    event_seq: int
+    type: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    occurred_at: datetime | None = None
+
+
+class Approval(Model):
+    id: str
+    step_id: str
+    execution_id: str
+    agent_id: str = ""
+    kind: str = ""
+    target: str = ""
+    status: str
+    approvers: list[str] = Field(default_factory=list)
+    message: str | None = None
+    timeout_at: datetime | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    rationale: str | None = None
+    created_at: datetime | None = None
+
+
+class AgentInfo(Model):
+    id: str
+    webhook_url: str = ""
+    policy_bundle: str = ""
+    lease_timeout_seconds: int | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
+    registered_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class DecisionResource(Model):
+    key: str
+    generation: int = 0
+    due: bool = False
+
+
+class Decision(Model):
+    """The answer to submit, step complete and step fail (§2.7)."""
+
+    decision: str
+    step_id: str | None = None
+    result: Any = None
+    error: Any = None
+    approval_id: str | None = None
+    reason: str | None = None
+    rule_id: str | None = None
+    retry_after_ms: int | None = None
+    resources: list[DecisionResource] | None = None
+    # Which of `result` / `error` the kernel actually sent (`null` is a valid result).
+    has_result: bool = Field(default=False, exclude=True)
+    has_error: bool = Field(default=False, exclude=True)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Decision:
+        d = cls.model_validate(data)
+        d.has_result = "result" in data
+        d.has_error = "error" in data
+        return d
+
+
+class StreamDelta(Model):
+    """One live delta of a running step (§16)."""
+
+    step_id: str
+    seq: int
+    data: str
+
+
+class StreamEnd(Model):
+    """The `end` frame of the event tail (§15)."""
+
+    execution_id: str
+    status: str

@@ -1,0 +1,121 @@
+"""Agents run in a child process by the crash tests: `python agent_app.py SCENARIO`.
+
+Environment: `REBUNO_URL`, `REBUNO_AGENT_SECRET`, `AGENT_ID`, `MARKERS` (a
+file each effect body appends its name to, so tests count real executions),
+`RELEASE` (when set, the blocking tool returns instead of waiting for the
+SIGKILL), `LLM_URL` (the scripted provider), `STREAM` (`1` for streamed LLM
+calls). Prints `PORT <n>` once serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sys
+from typing import Any
+
+import uvicorn
+
+import rebuno
+from rebuno import Agent, http_client, step, tool
+
+MARKERS = os.environ["MARKERS"]
+
+
+def mark(name: str) -> None:
+    with open(MARKERS, "a") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@tool("count_a")
+async def count_a(label: str) -> str:
+    """Record that the body ran."""
+    mark("a")
+    return f"a:{label}"
+
+
+@tool("block_until_killed")
+async def block_until_killed() -> str:
+    """Wait until the test kills this process (or return when released)."""
+    mark("c-start")
+    if os.environ.get("RELEASE"):
+        return "released"
+    await asyncio.Event().wait()
+    return "unreachable"
+
+
+def random_b() -> float:
+    mark("b")
+    return random.random()
+
+
+async def crash(n: int) -> dict[str, Any]:
+    a = await count_a(str(n))
+    b = await step("pick_b", random_b)
+    c = await block_until_killed()
+    return {"a": a, "b": b, "c": c}
+
+
+async def llm_crash(prompt: str) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="test", base_url=os.environ["LLM_URL"], http_client=http_client(),
+                         max_retries=0)
+    plain = await client.chat.completions.create(model="scripted-1",
+                                                 messages=[{"role": "user", "content": prompt}])
+    stream = await client.chat.completions.create(model="scripted-1", stream=True,
+                                                  messages=[{"role": "user", "content": prompt + "!"}])
+    parts = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    mark("llm-done")
+    c = await block_until_killed()
+    return {"plain": plain.choices[0].message.content, "streamed": "".join(parts), "c": c}
+
+
+@tool("lookup_weather")
+async def lookup_weather(city: str) -> str:
+    """Look up the weather of a city."""
+    mark("weather")
+    return f"sunny in {city}"
+
+
+async def langchain_crash(task: str) -> dict[str, Any]:
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+
+    model = ChatOpenAI(model="scripted-lc", api_key="test", base_url=os.environ["LLM_URL"],  # type: ignore[arg-type]
+                       http_async_client=http_client(), streaming=os.environ.get("STREAM") == "1", max_retries=0)
+    graph = create_agent(model=model, tools=[lookup_weather])
+    result = await graph.ainvoke({"messages": [{"role": "user", "content": task}]})
+    mark("graph-done")
+    c = await block_until_killed()
+    return {"answer": result["messages"][-1].content, "c": c}
+
+
+SCENARIOS = {"crash": crash, "llm_crash": llm_crash, "langchain_crash": langchain_crash}
+
+
+async def main(scenario: str) -> None:
+    agent = Agent(os.environ["AGENT_ID"])
+    agent.bind(SCENARIOS[scenario])
+    server = uvicorn.Server(uvicorn.Config(agent.app, host="127.0.0.1", port=0, log_level="warning"))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            return
+        await asyncio.sleep(0.01)
+    print("PORT", server.servers[0].sockets[0].getsockname()[1], flush=True)
+    await task
+
+
+if __name__ == "__main__":
+    assert rebuno.__file__ is not None
+    asyncio.run(main(sys.argv[1]))
