@@ -1,0 +1,1019 @@
+package kernel
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+func TestCreateSequence(t *testing.T) {
+	fx := newFixture(t)
+	fx.agent("a1")
+	created := metric(fx.k.metrics.ExecutionsCreated)
+	input := `{ "topic" : "go", "n": 1.50 }`
+	e, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", Input: []byte(input)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Status != wire.ExecRunning || e.AgentID != "a1" || string(e.Input) != input || !e.CreatedAt.Equal(t0) || !e.UpdatedAt.Equal(t0) {
+		t.Fatalf("created execution = %+v", e)
+	}
+	if !e.DeadlineAt.IsZero() || e.ResourceKeys == nil || len(e.ResourceKeys) != 0 {
+		t.Fatalf("deadline %v resource keys %#v", e.DeadlineAt, e.ResourceKeys)
+	}
+	uuidMillis(t, e.ID)
+	evs := fx.events(e.ID)
+	wantTypes(t, evs, wire.EventExecutionCreated, wire.EventExecutionStarted, wire.EventDispatchQueued)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"agent_id":"a1","execution_id":%q,"status":"pending"}`, e.ID))
+	wantPayload(t, evs[1], fmt.Sprintf(`{"execution_id":%q,"status":"running"}`, e.ID))
+	wantPayload(t, evs[2], fmt.Sprintf(`{"attempt":0,"dispatch_id":%q,"execution_id":%q,"status":"pending"}`, e.DispatchID, e.ID))
+	var payloads int64
+	for i, ev := range evs {
+		if ev.Seq != int64(i+1) || !ev.OccurredAt.Equal(t0) || ev.ExecutionID != e.ID {
+			t.Fatalf("event %d = %+v", i, ev)
+		}
+		payloads += int64(len(ev.Payload))
+	}
+	stored := fx.exec(e.ID)
+	if stored.LastSeq != 3 || stored.StepCount != 0 || stored.ByteCount != int64(len(input))+payloads {
+		t.Fatalf("bookkeeping: last seq %d, steps %d, bytes %d (want %d)", stored.LastSeq, stored.StepCount, stored.ByteCount, int64(len(input))+payloads)
+	}
+	d := fx.dispatch(e.DispatchID)
+	if d.Status != wire.DispatchPending || d.Attempt != 0 || d.ProgressAttempt != 0 || d.MaxAttempts != 5 ||
+		!d.NextAttemptAt.Equal(t0) || !d.LeaseExpiresAt.IsZero() || d.ExecutionID != e.ID {
+		t.Fatalf("dispatch = %+v", d)
+	}
+	if uuidMillis(t, d.ID) != t0.UnixMilli() {
+		t.Fatal("the dispatch id does not carry the creation time")
+	}
+	if got := metric(fx.k.metrics.ExecutionsCreated); got != created+1 {
+		t.Fatalf("executions_created_total moved by %v", got-created)
+	}
+	select {
+	case <-fx.k.DispatchWake():
+	default:
+		t.Fatal("the dispatcher was not woken after the create committed")
+	}
+}
+
+func TestCreateOptionalFields(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) {
+		c.DeadlineTimeout = 90 * time.Minute
+		c.DispatchMaxAttempts = 3
+	}))
+	fx.agent("a1")
+	fx.clk.Advance(1234567 * time.Microsecond)
+	now := fx.clk.Now()
+	e, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", AgentVersion: "v1.2", OnBehalfOf: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(e.Input) != "null" || e.AgentVersion != "v1.2" || e.OnBehalfOf != "alice" || !e.DeadlineAt.Equal(now.Add(90*time.Minute)) {
+		t.Fatalf("execution = %+v", e)
+	}
+	dl := wire.FormatTime(now.Add(90 * time.Minute))
+	evs := fx.events(e.ID)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"agent_id":"a1","agent_version":"v1.2","deadline_at":%q,"execution_id":%q,"status":"pending"}`, dl, e.ID))
+	wantPayload(t, evs[1], fmt.Sprintf(`{"deadline_at":%q,"execution_id":%q,"status":"running"}`, dl, e.ID))
+	if d := fx.dispatch(e.DispatchID); d.MaxAttempts != 3 {
+		t.Fatalf("max_attempts = %d, want the configured 3", d.MaxAttempts)
+	}
+	stored := fx.exec(e.ID)
+	if stored.AgentVersion != "v1.2" || stored.OnBehalfOf != "alice" || !stored.DeadlineAt.Equal(e.DeadlineAt) || string(stored.Input) != "null" {
+		t.Fatalf("stored = %+v", stored)
+	}
+}
+
+func TestCreateValidation(t *testing.T) {
+	fx := newFixture(t)
+	fx.agent("a1")
+	fx.agent("a2")
+	long := strings.Repeat("v", 257)
+	for _, tc := range []struct {
+		name string
+		r    CreateRequest
+		code string
+		msg  string
+	}{
+		{"no agent", CreateRequest{}, wire.CodeValidation, "validation error: agent_id is required"},
+		{"unknown agent", CreateRequest{AgentID: "ghost"}, wire.CodeNotFound, "agent not found"},
+		{"long version", CreateRequest{AgentID: "a1", AgentVersion: long}, wire.CodeValidation, ""},
+		{"long on_behalf_of", CreateRequest{AgentID: "a1", OnBehalfOf: long}, wire.CodeValidation, ""},
+		{"bad key", CreateRequest{AgentID: "a1", IdempotencyKey: "has space"}, wire.CodeValidation, ""},
+		{"unknown agent before key", CreateRequest{AgentID: "ghost", IdempotencyKey: "k"}, wire.CodeNotFound, ""},
+		{"unknown parent", CreateRequest{AgentID: "a1", ParentExecutionID: "0190aaaa-0000-7000-8000-000000000000"}, wire.CodeNotFound, "parent execution not found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := fx.k.CreateExecution(fx.ctx, tc.r)
+			ke := wantCode(t, err, tc.code)
+			if tc.msg != "" && ke.Message != tc.msg {
+				t.Fatalf("message = %q, want %q", ke.Message, tc.msg)
+			}
+		})
+	}
+	if _, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", AgentVersion: long[:256], OnBehalfOf: long[:256]}); err != nil {
+		t.Fatalf("256-byte strings: %v", err)
+	}
+	res, _ := fx.k.ListExecutions(fx.ctx, store.ExecutionFilter{})
+	if len(res.Executions) != 1 {
+		t.Fatalf("%d executions exist, want only the valid one", len(res.Executions))
+	}
+
+	t.Run("parent rules", func(t *testing.T) {
+		running, _ := fx.start("a1")
+		_, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", ParentExecutionID: running.ID})
+		wantMessage(t, err, wire.CodeConflict, "conflict: parent execution is not completed")
+		_, err = fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a2", ParentExecutionID: running.ID})
+		wantCode(t, err, wire.CodeValidation)
+	})
+}
+
+func TestPrevious(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) { c.Retention = time.Hour }))
+	c := Caller{Agent: "a1"}
+	complete := func(output, state string) *store.Execution {
+		t.Helper()
+		e, del := fx.start("a1")
+		r := CompleteRequest{}
+		if output != "" {
+			r.Output = []byte(output)
+		}
+		if state != "" {
+			r.State = []byte(state)
+		}
+		if err := fx.k.CompleteExecution(fx.ctx, c, e.ID, hdr(del), r); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	child := func(parent string) string {
+		t.Helper()
+		e, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", ParentExecutionID: strings.ToLower(parent)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.ParentID != parent {
+			t.Fatalf("parent = %q", e.ParentID)
+		}
+		return e.ID
+	}
+	prev := func(id string) string {
+		t.Helper()
+		b, err := fx.k.Previous(fx.ctx, c, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	withState := complete(`{"out":1}`, `{ "cursor" : 42 }`)
+	outputOnly := complete(`[1, 2]`, "")
+	nullOutput := complete("", "")
+	if got := prev(child(withState.ID)); got != `{ "cursor" : 42 }` {
+		t.Fatalf("previous of a child of a parent with state = %s", got)
+	}
+	if got := prev(child(outputOnly.ID)); got != `[1, 2]` {
+		t.Fatalf("previous of a child of a parent without state = %s", got)
+	}
+	if got := prev(child(nullOutput.ID)); got != `null` {
+		t.Fatalf("previous of a child of a parent with null output = %s", got)
+	}
+	orphan := child(withState.ID)
+	if got := prev(withState.ID); got != "null" {
+		t.Fatalf("previous of an execution without parent = %s", got)
+	}
+	_, err := fx.k.Previous(fx.ctx, Caller{Agent: "other"}, orphan)
+	wantCode(t, err, wire.CodeForbidden)
+	_, err = fx.k.Previous(fx.ctx, c, "0190aaaa-0000-7000-8000-000000000000")
+	wantCode(t, err, wire.CodeNotFound)
+
+	// Once retention removes the parent, the child reads null.
+	fx.clk.Advance(2 * time.Hour)
+	fx.k.Sweep(fx.ctx)
+	if _, err := fx.k.Store().Read().Execution(fx.ctx, withState.ID); err == nil {
+		t.Fatal("retention kept the old completed parent")
+	}
+	if got := prev(orphan); got != "null" {
+		t.Fatalf("previous after the parent was removed = %s", got)
+	}
+}
+
+func TestIdempotentCreate(t *testing.T) {
+	fx := newFixture(t)
+	fx.agent("a1")
+	mk := func(key, hash string) (*store.Execution, error) {
+		return fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", IdempotencyKey: key, BodyHash: hash, Input: []byte(`{}`)})
+	}
+	first, err := mk("order-1", "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.IdempotencyKey != "order-1" || fx.exec(first.ID).IdempotencyKey != "order-1" {
+		t.Fatal("the key is not kept on the execution")
+	}
+	created := metric(fx.k.metrics.ExecutionsCreated)
+	seq := fx.lastSeq(first.ID)
+
+	again, err := mk("order-1", "h1")
+	if err != nil || again.ID != first.ID {
+		t.Fatalf("same key and body = %v, %v; want execution %s", again, err, first.ID)
+	}
+	fx.noNewEvents(first.ID, seq)
+	if metric(fx.k.metrics.ExecutionsCreated) != created {
+		t.Fatal("a repeated create counted a new execution")
+	}
+	// The answer shows the execution in its current state.
+	if err := fx.k.CancelExecution(fx.ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	again, err = mk("order-1", "h1")
+	if err != nil || again.ID != first.ID || again.Status != wire.ExecCancelled {
+		t.Fatalf("repeat after cancel = %+v, %v", again, err)
+	}
+
+	_, err = mk("order-1", "h2")
+	wantMessage(t, err, wire.CodeConflict, "conflict: idempotency key reused with a different body")
+
+	// Other keys are independent.
+	other, err := mk("order-2", "h2")
+	if err != nil || other.ID == first.ID {
+		t.Fatalf("another key = %+v, %v", other, err)
+	}
+
+	// Still remembered just before 24 h; forgotten after.
+	fx.clk.Advance(24*time.Hour - time.Second)
+	_, err = mk("order-1", "h2")
+	wantCode(t, err, wire.CodeConflict)
+	fx.k.Sweep(fx.ctx)
+	if _, err := fx.k.Store().Read().Idempotency(fx.ctx, RouteCreate, "", "order-1"); err != nil {
+		t.Fatalf("the sweep removed a key younger than 24 h: %v", err)
+	}
+	fx.clk.Advance(time.Second)
+	fresh, err := mk("order-1", "h2")
+	if err != nil || fresh.ID == first.ID {
+		t.Fatalf("key after 24 h = %+v, %v; want a new execution", fresh, err)
+	}
+	// The record now names the new execution.
+	if again, err := mk("order-1", "h2"); err != nil || again.ID != fresh.ID {
+		t.Fatalf("repeat of the renewed key = %+v, %v", again, err)
+	}
+
+	fx.clk.Advance(24*time.Hour + time.Second)
+	fx.k.Sweep(fx.ctx)
+	for _, key := range []string{"order-1", "order-2"} {
+		if _, err := fx.k.Store().Read().Idempotency(fx.ctx, RouteCreate, "", key); err == nil {
+			t.Fatalf("the sweep kept the expired key %s", key)
+		}
+	}
+}
+
+func TestCompleteExecution(t *testing.T) {
+	fx := newFixture(t)
+	e, del := fx.start("a1")
+	completed := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(wire.ExecCompleted))
+	fx.clk.Advance(time.Second)
+	seq := fx.lastSeq(e.ID)
+	output := `{ "answer" : [1, 2.0] }`
+	err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{Output: []byte(output), State: []byte(`{"s":1}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := fx.eventsAfter(e.ID, seq)
+	wantTypes(t, evs, wire.EventExecutionCompleted)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"output":%s,"status":"completed"}`, e.ID, output))
+	ex := fx.exec(e.ID)
+	if ex.Status != wire.ExecCompleted || string(ex.Output) != output || string(ex.State) != `{"s":1}` || ex.FailureReason != "" ||
+		!ex.UpdatedAt.Equal(fx.clk.Now()) {
+		t.Fatalf("execution = %+v", ex)
+	}
+	if got := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(wire.ExecCompleted)); got != completed+1 {
+		t.Fatalf("executions_completed_total{completed} moved by %v", got-completed)
+	}
+	wantCode(t, fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{}), wire.CodeExecutionTerminal)
+
+	t.Run("null output", func(t *testing.T) {
+		e, del := fx.start("a1")
+		if err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		ex := fx.exec(e.ID)
+		if string(ex.Output) != "null" || ex.State != nil {
+			t.Fatalf("output %q state %q", ex.Output, ex.State)
+		}
+		if got := string(fx.events(e.ID)[ex.LastSeq-1].Payload); !strings.Contains(got, `"output":null`) {
+			t.Fatalf("completed payload = %s", got)
+		}
+	})
+	t.Run("ownership", func(t *testing.T) {
+		e, del := fx.start("a1")
+		wantCode(t, fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a2"}, e.ID, hdr(del), CompleteRequest{}), wire.CodeForbidden)
+		wantCode(t, fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, "0190aaaa-0000-7000-8000-000000000000", hdr(del), CompleteRequest{}), wire.CodeNotFound)
+	})
+}
+
+func TestFailExecution(t *testing.T) {
+	fx := newFixture(t)
+	c := Caller{Agent: "a1"}
+	t.Run("with reason", func(t *testing.T) {
+		e, del := fx.start("a1")
+		seq := fx.lastSeq(e.ID)
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), "agent_error: ValueError: bad"); err != nil {
+			t.Fatal(err)
+		}
+		evs := fx.eventsAfter(e.ID, seq)
+		wantTypes(t, evs, wire.EventExecutionFailed)
+		wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"reason":"agent_error: ValueError: bad","status":"failed"}`, e.ID))
+		if ex := fx.exec(e.ID); ex.Status != wire.ExecFailed || ex.FailureReason != "agent_error: ValueError: bad" {
+			t.Fatalf("execution = %+v", ex)
+		}
+	})
+	t.Run("without reason", func(t *testing.T) {
+		e, del := fx.start("a1")
+		seq := fx.lastSeq(e.ID)
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), ""); err != nil {
+			t.Fatal(err)
+		}
+		evs := fx.eventsAfter(e.ID, seq)
+		wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"status":"failed"}`, e.ID))
+		if ex := fx.exec(e.ID); ex.FailureReason != "" {
+			t.Fatalf("failure reason = %q", ex.FailureReason)
+		}
+	})
+	t.Run("long reason is truncated at a character boundary", func(t *testing.T) {
+		e, del := fx.start("a1")
+		reason := strings.Repeat("a", 8191) + "é" + "tail" // é straddles byte 8,192
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), reason); err != nil {
+			t.Fatal(err)
+		}
+		if ex := fx.exec(e.ID); ex.FailureReason != strings.Repeat("a", 8191) {
+			t.Fatalf("failure reason has %d bytes, want 8,191", len(ex.FailureReason))
+		}
+		e, del = fx.start("a1")
+		exact := strings.Repeat("b", 8190) + "é"
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), exact+"x"); err != nil {
+			t.Fatal(err)
+		}
+		if ex := fx.exec(e.ID); ex.FailureReason != exact {
+			t.Fatalf("failure reason has %d bytes, want the 8,192-byte prefix", len(ex.FailureReason))
+		}
+	})
+	if got := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(wire.ExecFailed)); got != 4 {
+		t.Fatalf("executions_completed_total{failed} = %v, want 4", got)
+	}
+}
+
+func TestCancelExecution(t *testing.T) {
+	fx := newFixture(t)
+	e, _ := fx.start("a1")
+	seq := fx.lastSeq(e.ID)
+	fx.clk.Advance(time.Minute)
+	if err := fx.k.CancelExecution(fx.ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	evs := fx.eventsAfter(e.ID, seq)
+	wantTypes(t, evs, wire.EventExecutionCancelled)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"reason":"client_cancelled","status":"cancelled"}`, e.ID))
+	if ex := fx.exec(e.ID); ex.Status != wire.ExecCancelled || ex.FailureReason != wire.ReasonClientCancelled || !ex.UpdatedAt.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("execution = %+v", ex)
+	}
+	wantMessage(t, fx.k.CancelExecution(fx.ctx, e.ID), wire.CodeExecutionTerminal, "execution terminal")
+	wantMessage(t, fx.k.CancelExecution(fx.ctx, "0190aaaa-0000-7000-8000-000000000000"), wire.CodeNotFound, "execution not found")
+	if metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(wire.ExecCancelled)) != 1 {
+		t.Fatal("executions_completed_total{cancelled} did not move")
+	}
+}
+
+// TestTerminalCleanUp checks §7.8 for every way an execution ends.
+func TestTerminalCleanUp(t *testing.T) {
+	type ending struct {
+		name, status, reason, cause, event string
+		setup                              func(*Config)
+		end                                func(fx *fixture, e *store.Execution, del *Delivery)
+	}
+	endings := []ending{
+		{"complete", wire.ExecCompleted, "", wire.CauseExecutionCompleted, wire.EventExecutionCompleted, nil,
+			func(fx *fixture, e *store.Execution, del *Delivery) {
+				if err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{}); err != nil {
+					fx.t.Fatal(err)
+				}
+			}},
+		{"fail", wire.ExecFailed, "gave up", wire.CauseExecutionFailed, wire.EventExecutionFailed, nil,
+			func(fx *fixture, e *store.Execution, del *Delivery) {
+				if err := fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), "gave up"); err != nil {
+					fx.t.Fatal(err)
+				}
+			}},
+		{"cancel", wire.ExecCancelled, wire.ReasonClientCancelled, wire.CauseExecutionCancelled, wire.EventExecutionCancelled, nil,
+			func(fx *fixture, e *store.Execution, _ *Delivery) {
+				if err := fx.k.CancelExecution(fx.ctx, e.ID); err != nil {
+					fx.t.Fatal(err)
+				}
+			}},
+		{"deadline", wire.ExecCancelled, wire.ReasonDeadlineExceeded, wire.CauseDeadlineExceeded, wire.EventExecutionCancelled,
+			func(c *Config) { c.DeadlineTimeout = time.Hour },
+			func(fx *fixture, e *store.Execution, _ *Delivery) {
+				fx.clk.Advance(time.Hour)
+				if err := fx.k.ExpireDeadline(fx.ctx, e.ID); err != nil {
+					fx.t.Fatal(err)
+				}
+			}},
+		{"exhaustion", wire.ExecFailed, wire.ReasonDispatchExhausted, wire.CauseExecutionFailed, wire.EventExecutionFailed,
+			func(c *Config) { c.DispatchMaxAttempts = 1 },
+			func(fx *fixture, e *store.Execution, del *Delivery) {
+				// Attempt 1 recorded progress, so its expiry leaves one more
+				// attempt; the expiry of attempt 2 spends the budget.
+				for i := 0; i < 2; i++ {
+					fx.clk.Advance(fx.dispatch(del.DispatchID).LeaseExpiresAt.Sub(fx.clk.Now()))
+					if err := fx.k.ReclaimLease(fx.ctx, store.DispatchRef{ID: del.DispatchID, ExecutionID: e.ID}); err != nil {
+						fx.t.Fatal(err)
+					}
+					if i == 0 {
+						fx.claim(e.ID)
+					}
+				}
+			}},
+	}
+	for _, end := range endings {
+		t.Run(end.name, func(t *testing.T) {
+			opts := []func(*Options){withPolicy(denyTarget("forbidden", "r", ""))}
+			if end.setup != nil {
+				opts = append(opts, withConfig(end.setup))
+			}
+			fx := newFixture(t, opts...)
+			e, del := fx.start("a1")
+			done := fx.proceed(e, del, "done", `{}`)
+			fx.outcome(e, del, done, true, `1`)
+			open1 := fx.proceed(e, del, "open1", `{"i":1}`)
+			denied := fx.submit(e, del, wire.KindToolCall, "forbidden", `{}`).StepID
+			allowed := fx.proceed(e, del, "allowed", `{}`)
+			fx.mutateStep(e.ID, allowed, func(s *store.Step) { s.Status = wire.StepAllowed })
+			open2 := fx.proceed(e, del, "open2", `{}`)
+			if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "open1", `{"i":1}`); !ok {
+				t.Fatal("setup: no counter before the end")
+			}
+			ended := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(end.status))
+			seq := fx.lastSeq(e.ID)
+
+			end.end(fx, e, del)
+
+			now := fx.clk.Now()
+			evs := fx.eventsAfter(e.ID, seq)
+			var want []string
+			if end.name == "exhaustion" {
+				want = append(want, wire.EventDispatchLeaseExpired, wire.EventDispatchLeaseExpired)
+			}
+			want = append(want, end.event, wire.EventStepCancelled, wire.EventStepCancelled, wire.EventStepCancelled)
+			wantTypes(t, evs, want...)
+			evs = evs[len(evs)-3:]
+			errJSON := fmt.Sprintf(`{"reason":%q}`, end.cause)
+			for i, id := range []string{open1, allowed, open2} {
+				s := fx.step(e.ID, id)
+				if s.Status != wire.StepCancelled || string(s.Error) != errJSON || !s.CompletedAt.Equal(now) || s.TerminalSeq != evs[i].Seq {
+					t.Fatalf("open step %d after the end = %+v", i, s)
+				}
+				if got := string(payloadField(t, evs[i], "step_id").Raw); got != fmt.Sprintf("%q", id) {
+					t.Fatalf("step.cancelled %d names %s, want %s (recording order)", i, got, id)
+				}
+				if got := string(payloadField(t, evs[i], "error").Raw); got != errJSON {
+					t.Fatalf("step.cancelled error = %s, want %s", got, errJSON)
+				}
+			}
+			if s := fx.step(e.ID, done); s.Status != wire.StepSucceeded {
+				t.Fatalf("a succeeded step became %s", s.Status)
+			}
+			if s := fx.step(e.ID, denied); s.Status != wire.StepDenied {
+				t.Fatalf("a denied step became %s", s.Status)
+			}
+			ex := fx.exec(e.ID)
+			if ex.Status != end.status || ex.FailureReason != end.reason || !ex.UpdatedAt.Equal(now) {
+				t.Fatalf("execution = %s %q updated %v", ex.Status, ex.FailureReason, ex.UpdatedAt)
+			}
+			if d := fx.dispatch(del.DispatchID); d.Status != wire.DispatchRetired {
+				t.Fatalf("dispatch is %s, want retired", d.Status)
+			}
+			for _, c := range []struct{ target, args string }{{"open1", `{"i":1}`}, {"done", `{}`}, {"open2", `{}`}} {
+				if end.name == "exhaustion" {
+					break // the second claim already reset them
+				}
+				if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, c.target, c.args); ok {
+					t.Fatalf("the counter of %s survived the end", c.target)
+				}
+			}
+			if got := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(end.status)); got != ended+1 {
+				t.Fatalf("executions_completed_total{%s} moved by %v", end.status, got-ended)
+			}
+
+			// Nothing is ever appended after the terminal transaction.
+			seq = ex.LastSeq
+			fx.clk.Advance(time.Hour)
+			c := Caller{Agent: "a1"}
+			if dec := fx.submit(e, del, wire.KindToolCall, "late", `{}`); dec.Decision != wire.DecisionExecutionTerminal {
+				t.Fatalf("late submit = %+v", dec)
+			}
+			if dec := fx.outcome(e, del, open1, true, `1`); dec.Decision != wire.DecisionExecutionTerminal {
+				t.Fatalf("late outcome = %+v", dec)
+			}
+			wantCode(t, fx.k.Heartbeat(fx.ctx, c, e.ID, hdr(del)), wire.CodeExecutionTerminal)
+			wantCode(t, fx.k.CancelExecution(fx.ctx, e.ID), wire.CodeExecutionTerminal)
+			wantCode(t, fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), "x"), wire.CodeExecutionTerminal)
+			if err := fx.k.RecordDelivery(fx.ctx, del, DeliveryOutcome{HTTPStatus: 500}); err != nil {
+				t.Fatal(err)
+			}
+			if err := fx.k.ReclaimLease(fx.ctx, store.DispatchRef{ID: del.DispatchID, ExecutionID: e.ID}); err != nil {
+				t.Fatal(err)
+			}
+			if err := fx.k.ExpireDeadline(fx.ctx, e.ID); err != nil {
+				t.Fatal(err)
+			}
+			if del, err := fx.k.ClaimDispatch(fx.ctx, store.DispatchRef{ID: del.DispatchID, ExecutionID: e.ID}); err != nil || del != nil {
+				t.Fatalf("claim after the end = %+v, %v", del, err)
+			}
+			fx.noNewEvents(e.ID, seq)
+		})
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) { c.DeadlineTimeout = time.Minute }))
+	e, del := fx.start("a1")
+	s := fx.proceed(e, del, "slow", `{}`)
+	r := fx.k.Store().Read()
+
+	fx.clk.Advance(59 * time.Second)
+	if ids, _ := r.DeadlinesDue(fx.ctx, fx.clk.Now(), 10); len(ids) != 0 {
+		t.Fatalf("due before the deadline: %v", ids)
+	}
+	if next, _ := r.NextDeadline(fx.ctx); !next.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("next deadline = %v", next)
+	}
+	seq := fx.lastSeq(e.ID)
+	if err := fx.k.ExpireDeadline(fx.ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	fx.noNewEvents(e.ID, seq)
+
+	fx.clk.Advance(time.Second)
+	ids, _ := r.DeadlinesDue(fx.ctx, fx.clk.Now(), 10)
+	if len(ids) != 1 || ids[0] != e.ID {
+		t.Fatalf("due at the deadline: %v", ids)
+	}
+	if err := fx.k.ExpireDeadline(fx.ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	evs := fx.eventsAfter(e.ID, seq)
+	wantTypes(t, evs, wire.EventExecutionCancelled, wire.EventStepCancelled)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"reason":"deadline_exceeded","status":"cancelled"}`, e.ID))
+	wantPayload(t, evs[1], `{"error":{"reason":"deadline_exceeded"},`+stepJSON(s, wire.KindToolCall, "slow")+"}")
+	if ids, _ := r.DeadlinesDue(fx.ctx, fx.clk.Now(), 10); len(ids) != 0 {
+		t.Fatalf("a cancelled execution is still due: %v", ids)
+	}
+
+	t.Run("no deadline configured", func(t *testing.T) {
+		fx := newFixture(t)
+		e, _ := fx.start("a1")
+		fx.clk.Advance(1000 * time.Hour)
+		if err := fx.k.ExpireDeadline(fx.ctx, e.ID); err != nil {
+			t.Fatal(err)
+		}
+		if fx.exec(e.ID).Status != wire.ExecRunning {
+			t.Fatal("an execution without deadline was cancelled")
+		}
+		wantCode(t, fx.k.ExpireDeadline(fx.ctx, "0190aaaa-0000-7000-8000-000000000000"), wire.CodeNotFound)
+	})
+}
+
+func TestRunWorkersExpireDeadlines(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) { c.DeadlineTimeout = time.Hour }))
+	e, _ := fx.start("a1")
+	ctx, cancel := context.WithCancel(fx.ctx)
+	stopped := make(chan struct{})
+	go func() { fx.k.RunWorkers(ctx); close(stopped) }()
+	defer func() {
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			t.Error("RunWorkers did not return after its context ended")
+		}
+	}()
+
+	fx.clk.Advance(time.Hour)
+	deadline := time.Now().Add(5 * time.Second)
+	for fx.exec(e.ID).Status != wire.ExecCancelled {
+		if time.Now().After(deadline) {
+			t.Fatal("the deadline worker did not cancel the execution within 5 s of the clock reaching it")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if ex := fx.exec(e.ID); ex.FailureReason != wire.ReasonDeadlineExceeded {
+		t.Fatalf("failure reason = %q", ex.FailureReason)
+	}
+}
+
+func TestRetentionSweep(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) { c.Retention = time.Hour }))
+	fx.agent("a1")
+	old, err := fx.k.CreateExecution(fx.ctx, CreateRequest{AgentID: "a1", IdempotencyKey: "old", BodyHash: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldDel := fx.claim(old.ID)
+	s := fx.proceed(old, oldDel, "x", `{}`)
+	if err := fx.k.CancelExecution(fx.ctx, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	running, _ := fx.start("a1")
+	fx.clk.Advance(2 * time.Hour)
+	recent, _ := fx.start("a1")
+	if err := fx.k.CancelExecution(fx.ctx, recent.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	fx.k.Sweep(fx.ctx)
+	r := fx.k.Store().Read()
+	if _, err := r.Execution(fx.ctx, old.ID); err == nil {
+		t.Fatal("an old terminal execution survived the sweep")
+	}
+	if evs, _ := r.Events(fx.ctx, old.ID, 0, 100); len(evs) != 0 {
+		t.Fatalf("%d events of a deleted execution remain", len(evs))
+	}
+	if _, err := r.Step(fx.ctx, old.ID, s); err == nil {
+		t.Fatal("a step of a deleted execution remains")
+	}
+	if _, err := r.Dispatch(fx.ctx, oldDel.DispatchID); err == nil {
+		t.Fatal("a dispatch of a deleted execution remains")
+	}
+	if _, err := r.Idempotency(fx.ctx, RouteCreate, "", "old"); err == nil {
+		t.Fatal("the idempotency key of a deleted execution remains")
+	}
+	if fx.exec(running.ID).Status != wire.ExecRunning {
+		t.Fatal("a running execution was touched")
+	}
+	fx.exec(recent.ID)
+
+	// However old, a non-terminal execution is never deleted.
+	fx.clk.Advance(1000 * time.Hour)
+	fx.k.Sweep(fx.ctx)
+	fx.exec(running.ID)
+	if _, err := r.Execution(fx.ctx, recent.ID); err == nil {
+		t.Fatal("the second sweep kept a terminal execution older than the retention")
+	}
+
+	// retire re-checks under the lock: a candidate that is no longer old
+	// enough, or not terminal, is kept.
+	e2, _ := fx.start("a1")
+	if err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	fx.exec(e2.ID)
+	if err := fx.k.CancelExecution(fx.ctx, e2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fx.exec(e2.ID)
+}
+
+func TestRetentionOffKeepsEverything(t *testing.T) {
+	fx := newFixture(t)
+	e, _ := fx.start("a1")
+	if err := fx.k.CancelExecution(fx.ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	fx.clk.Advance(10000 * time.Hour)
+	fx.k.Sweep(fx.ctx)
+	fx.exec(e.ID)
+}
+
+func TestListExecutions(t *testing.T) {
+	fx := newFixture(t)
+	fx.agent("a1")
+	fx.agent("b")
+	var ids []string // creation order
+	for i := 0; i < 5; i++ {
+		agent := "a1"
+		if i%2 == 1 {
+			agent = "b"
+		}
+		fx.clk.Advance(time.Millisecond)
+		ids = append(ids, fx.create(agent).ID)
+	}
+	if err := fx.k.CancelExecution(fx.ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	list := func(f store.ExecutionFilter) ([]string, string) {
+		t.Helper()
+		res, err := fx.k.ListExecutions(fx.ctx, f)
+		if err != nil {
+			t.Fatalf("list %+v: %v", f, err)
+		}
+		var got []string
+		for _, e := range res.Executions {
+			got = append(got, e.ID)
+		}
+		return got, res.NextCursor
+	}
+	eq := func(got []string, want ...string) {
+		t.Helper()
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	got, next := list(store.ExecutionFilter{})
+	eq(got, ids[4], ids[3], ids[2], ids[1], ids[0])
+	if next != "" {
+		t.Fatalf("next cursor %q on the only page", next)
+	}
+	got, next = list(store.ExecutionFilter{Limit: 2})
+	eq(got, ids[4], ids[3])
+	if next != ids[3] {
+		t.Fatalf("next cursor = %q, want the last id of the page", next)
+	}
+	got, next = list(store.ExecutionFilter{Limit: 2, Cursor: next})
+	eq(got, ids[2], ids[1])
+	got, next = list(store.ExecutionFilter{Limit: 2, Cursor: next})
+	eq(got, ids[0])
+	if next != "" {
+		t.Fatalf("next cursor %q on the last page", next)
+	}
+	// Exactly limit matching rows: no cursor.
+	if _, next := list(store.ExecutionFilter{Limit: 5}); next != "" {
+		t.Fatalf("next cursor %q when exactly limit rows match", next)
+	}
+	got, _ = list(store.ExecutionFilter{AgentID: "b"})
+	eq(got, ids[3], ids[1])
+	got, _ = list(store.ExecutionFilter{Status: wire.ExecCancelled})
+	eq(got, ids[0])
+	got, _ = list(store.ExecutionFilter{Status: wire.ExecRunning, AgentID: "a1"})
+	eq(got, ids[4], ids[2])
+	got, _ = list(store.ExecutionFilter{AgentID: "nobody"})
+	if got != nil {
+		t.Fatalf("unknown agent filter = %v", got)
+	}
+	res, _ := fx.k.ListExecutions(fx.ctx, store.ExecutionFilter{AgentID: "nobody"})
+	if res.Executions == nil {
+		t.Fatal("an empty page must be an empty list, not nil")
+	}
+
+	for _, f := range []store.ExecutionFilter{{Limit: -1}, {Status: "done"}, {AgentID: strings.Repeat("a", 129)}} {
+		_, err := fx.k.ListExecutions(fx.ctx, f)
+		wantCode(t, err, wire.CodeValidation)
+	}
+	if _, err := fx.k.ListExecutions(fx.ctx, store.ExecutionFilter{AgentID: strings.Repeat("a", 128)}); err != nil {
+		t.Fatalf("a 128-byte agent filter: %v", err)
+	}
+}
+
+func TestListExecutionsLimits(t *testing.T) {
+	fx := newFixture(t)
+	fx.agent("a1")
+	// 201 rows written in one transaction: enough to see both the default
+	// page (50) and the cap (200).
+	err := fx.k.Store().Update(fx.ctx, "", func(ctx context.Context, tx store.Tx) error {
+		for i := 0; i < 201; i++ {
+			e := &store.Execution{ID: newDispatchID("", t0.Add(time.Duration(i)*time.Millisecond)), AgentID: "a1", Input: []byte("null"),
+				Status: wire.ExecRunning, CreatedAt: t0, UpdatedAt: t0, ResourceKeys: []string{}}
+			if err := tx.InsertExecution(ctx, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for limit, want := range map[int]int{0: 50, 1: 1, 200: 200, 201: 200, 100000: 200} {
+		res, err := fx.k.ListExecutions(fx.ctx, store.ExecutionFilter{Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Executions) != want || res.NextCursor == "" {
+			t.Fatalf("limit %d: %d rows, cursor %q; want %d rows and a cursor", limit, len(res.Executions), res.NextCursor, want)
+		}
+	}
+}
+
+func TestListEvents(t *testing.T) {
+	fx := newFixture(t)
+	e, del := fx.start("a1")
+	for i := 0; i < 35; i++ { // 4 + 35 × 3 = 109 events
+		fx.proceed(e, del, fmt.Sprint("t", i), `{}`)
+	}
+	c := Caller{Agent: "a1"}
+	evs, err := fx.k.ListEvents(fx.ctx, c, e.ID, 0, 0)
+	if err != nil || len(evs) != 100 || evs[0].Seq != 1 || evs[99].Seq != 100 {
+		t.Fatalf("default page: %d events, %v", len(evs), err)
+	}
+	evs, _ = fx.k.ListEvents(fx.ctx, c, e.ID, 100, 0)
+	if len(evs) != 9 || evs[0].Seq != 101 {
+		t.Fatalf("after 100: %d events", len(evs))
+	}
+	evs, _ = fx.k.ListEvents(fx.ctx, c, e.ID, 5, 3)
+	if len(evs) != 3 || evs[0].Seq != 6 || evs[2].Seq != 8 {
+		t.Fatalf("after 5 limit 3: %v", types(evs))
+	}
+	evs, _ = fx.k.ListEvents(fx.ctx, c, e.ID, 109, 0)
+	if evs == nil || len(evs) != 0 {
+		t.Fatalf("after the last event: %#v, want []", evs)
+	}
+	_, err = fx.k.ListEvents(fx.ctx, c, e.ID, -1, 0)
+	wantCode(t, err, wire.CodeValidation)
+	_, err = fx.k.ListEvents(fx.ctx, c, e.ID, 0, -1)
+	wantCode(t, err, wire.CodeValidation)
+	_, err = fx.k.ListEvents(fx.ctx, Caller{Agent: "a2"}, e.ID, 0, 0)
+	wantCode(t, err, wire.CodeForbidden)
+	_, err = fx.k.ListEvents(fx.ctx, c, "0190aaaa-0000-7000-8000-000000000000", 0, 0)
+	wantCode(t, err, wire.CodeNotFound)
+
+	// The cap of 1,000 per page.
+	err = fx.k.Store().Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
+		ex, err := tx.Execution(ctx, e.ID)
+		if err != nil {
+			return err
+		}
+		var extra []*store.Event
+		for i := 0; i < 1000; i++ {
+			ex.LastSeq++
+			extra = append(extra, &store.Event{ExecutionID: e.ID, Seq: ex.LastSeq, Type: "test.filler", Payload: []byte(`{}`), OccurredAt: t0})
+		}
+		if err := tx.AppendEvents(ctx, extra); err != nil {
+			return err
+		}
+		return tx.UpdateExecution(ctx, ex)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, _ = fx.k.ListEvents(fx.ctx, c, e.ID, 0, 5000)
+	if len(evs) != 1000 {
+		t.Fatalf("limit 5000 returned %d events, want the cap of 1,000", len(evs))
+	}
+}
+
+func TestEachStepPageStreamsPagesOf1000(t *testing.T) {
+	fx := newFixture(t)
+	e, _ := fx.start("a1")
+	err := fx.k.Store().Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
+		for i := 1; i <= 1001; i++ {
+			s := &store.Step{ExecutionID: e.ID, StepID: fmt.Sprintf("%064x", i), Order: int64(i), Kind: wire.KindLocal, Target: "t",
+				ArgsHash: strings.Repeat("0", 64), Occurrence: int64(i), Status: wire.StepSucceeded, Idempotency: wire.SafeToRetry,
+				Args: []byte("null"), Result: []byte("1"), Resources: []string{}}
+			if err := tx.InsertStep(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sizes []int
+	var last int64
+	err = fx.k.EachStepPage(fx.ctx, Caller{}, e.ID, "terminal", func(page []*store.Step) error {
+		sizes = append(sizes, len(page))
+		for _, s := range page {
+			if s.Order != last+1 {
+				return fmt.Errorf("order %d after %d", s.Order, last)
+			}
+			last = s.Order
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sizes) != 2 || sizes[0] != 1000 || sizes[1] != 1 || last != 1001 {
+		t.Fatalf("pages = %v, last order %d; want [1000 1] ending at 1001", sizes, last)
+	}
+}
+
+func TestStorageLimitSteps(t *testing.T) {
+	fx := newFixture(t, withConfig(func(c *Config) { c.MaxStepsPerExecution = 2 }))
+	e, del := fx.start("a1")
+	s1 := fx.proceed(e, del, "one", `{}`)
+	s2 := fx.proceed(e, del, "two", `{}`)
+	// Replays and outcomes are not new steps.
+	r := req(t, wire.KindToolCall, "one", `{}`)
+	r.HasOccurrence = true
+	if dec := fx.submitReq(e.ID, hdr(del), r); dec.Decision != wire.DecisionProceed {
+		t.Fatalf("replay at the limit = %+v", dec)
+	}
+	fx.outcome(e, del, s1, true, `1`)
+	seq := fx.lastSeq(e.ID)
+
+	dec := fx.submit(e, del, wire.KindToolCall, "three", `{}`)
+	if dec.Decision != wire.DecisionExecutionTerminal || dec.StepID != "" {
+		t.Fatalf("third step = %+v", dec)
+	}
+	evs := fx.eventsAfter(e.ID, seq)
+	wantTypes(t, evs, wire.EventExecutionFailed, wire.EventStepCancelled)
+	wantPayload(t, evs[0], fmt.Sprintf(`{"execution_id":%q,"reason":"storage_limit_exceeded","status":"failed"}`, e.ID))
+	wantPayload(t, evs[1], `{"error":{"reason":"execution_failed"},`+stepJSON(s2, wire.KindToolCall, "two")+"}")
+	ex := fx.exec(e.ID)
+	if ex.Status != wire.ExecFailed || ex.FailureReason != wire.ReasonStorageLimitExceeded || ex.StepCount != 2 {
+		t.Fatalf("execution = %s %q with %d steps", ex.Status, ex.FailureReason, ex.StepCount)
+	}
+	three := fx.k.EachStepPage(fx.ctx, Caller{}, e.ID, "", func(page []*store.Step) error {
+		if len(page) != 2 {
+			return fmt.Errorf("%d steps stored, want 2", len(page))
+		}
+		return nil
+	})
+	if three != nil {
+		t.Fatal(three)
+	}
+	if d := fx.dispatch(del.DispatchID); d.Status != wire.DispatchRetired {
+		t.Fatalf("dispatch is %s", d.Status)
+	}
+	if metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(wire.ExecFailed)) != 1 {
+		t.Fatal("executions_completed_total{failed} did not move")
+	}
+	if dec := fx.submit(e, del, wire.KindToolCall, "four", `{}`); dec.Decision != wire.DecisionExecutionTerminal {
+		t.Fatalf("after the limit = %+v", dec)
+	}
+}
+
+func TestStorageLimitBytes(t *testing.T) {
+	const limit = 4096
+	setup := func(t *testing.T) (*fixture, *store.Execution, *Delivery, string) {
+		fx := newFixture(t, withConfig(func(c *Config) { c.MaxExecutionBytes = limit }))
+		e, del := fx.start("a1")
+		s := fx.proceed(e, del, "s", `{}`)
+		if b := fx.exec(e.ID).ByteCount; b > limit/2 {
+			t.Fatalf("setup already uses %d bytes", b)
+		}
+		return fx, e, del, s
+	}
+	big := `"` + strings.Repeat("x", limit) + `"`
+	check := func(t *testing.T, fx *fixture, e *store.Execution, seq int64) {
+		t.Helper()
+		evs := fx.eventsAfter(e.ID, seq)
+		if len(evs) == 0 || evs[0].Type != wire.EventExecutionFailed || !strings.Contains(string(evs[0].Payload), `"reason":"storage_limit_exceeded"`) {
+			t.Fatalf("events = %v", types(evs))
+		}
+		ex := fx.exec(e.ID)
+		if ex.Status != wire.ExecFailed || ex.FailureReason != wire.ReasonStorageLimitExceeded || ex.ByteCount > limit+1024 {
+			t.Fatalf("execution = %s %q, %d bytes", ex.Status, ex.FailureReason, ex.ByteCount)
+		}
+		for _, ev := range evs {
+			if strings.Contains(string(ev.Payload), "xxxx") {
+				t.Fatalf("the refused value reached the log in %s", ev.Type)
+			}
+		}
+	}
+	t.Run("step result", func(t *testing.T) {
+		fx, e, del, s := setup(t)
+		seq := fx.lastSeq(e.ID)
+		if dec := fx.outcome(e, del, s, true, big); dec.Decision != wire.DecisionExecutionTerminal {
+			t.Fatalf("decision = %+v", dec)
+		}
+		check(t, fx, e, seq)
+		if st := fx.step(e.ID, s); st.Status != wire.StepCancelled || st.Result != nil {
+			t.Fatalf("step = %s with result %q, want cancelled without the result", st.Status, st.Result)
+		}
+	})
+	t.Run("step args", func(t *testing.T) {
+		fx, e, del, _ := setup(t)
+		seq := fx.lastSeq(e.ID)
+		if dec := fx.submit(e, del, wire.KindToolCall, "huge", `{"a":`+big+`}`); dec.Decision != wire.DecisionExecutionTerminal {
+			t.Fatalf("decision = %+v", dec)
+		}
+		check(t, fx, e, seq)
+	})
+	t.Run("step error", func(t *testing.T) {
+		fx, e, del, s := setup(t)
+		seq := fx.lastSeq(e.ID)
+		if dec := fx.outcome(e, del, s, false, big); dec.Decision != wire.DecisionExecutionTerminal {
+			t.Fatalf("decision = %+v", dec)
+		}
+		check(t, fx, e, seq)
+	})
+	t.Run("execution output", func(t *testing.T) {
+		fx, e, del, _ := setup(t)
+		seq := fx.lastSeq(e.ID)
+		err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{Output: []byte(big)})
+		wantCode(t, err, wire.CodeExecutionTerminal)
+		check(t, fx, e, seq)
+		if ex := fx.exec(e.ID); ex.Output != nil {
+			t.Fatalf("the refused output was stored: %d bytes", len(ex.Output))
+		}
+	})
+	t.Run("execution state", func(t *testing.T) {
+		fx, e, del, _ := setup(t)
+		seq := fx.lastSeq(e.ID)
+		err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{State: []byte(big)})
+		wantCode(t, err, wire.CodeExecutionTerminal)
+		check(t, fx, e, seq)
+	})
+	t.Run("within the limit", func(t *testing.T) {
+		fx, e, del, s := setup(t)
+		if dec := fx.outcome(e, del, s, true, `"`+strings.Repeat("y", 100)+`"`); dec.Decision != wire.DecisionRecorded {
+			t.Fatalf("decision = %+v", dec)
+		}
+	})
+}
