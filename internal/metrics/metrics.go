@@ -36,6 +36,10 @@ type Metrics struct {
 	StreamConnections    *prometheus.GaugeVec
 	StoreCommitBatchSize prometheus.Histogram
 	StoreCommitSeconds   prometheus.Histogram
+	Checkpoints          prometheus.Counter
+	CheckpointFailures   *prometheus.CounterVec
+	Forks                *prometheus.CounterVec
+	ForkDuration         prometheus.Histogram
 }
 
 // New creates and registers every series, plus the Go and process collectors.
@@ -84,12 +88,20 @@ func New() *Metrics {
 			Help: "Transactions sharing one physical commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 9)}),
 		StoreCommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "store_commit_seconds",
 			Help: "Duration of one group commit.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}),
+		Checkpoints: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "checkpoints_total",
+			Help: "Resource captures accepted as checkpoints."}),
+		CheckpointFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_failures_total",
+			Help: "Capture failures reported by agents and captures the kernel refused, by error."}, []string{"error"}),
+		Forks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "forks_total",
+			Help: "Forks created, by whether the fork point was covered."}, []string{"covered"}),
+		ForkDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "fork_duration_seconds",
+			Help: "Time to create a fork.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ReplayTotal, m.DispatchOutcomes, m.DispatchLatency, m.DispatchesReclaimed, m.DispatchSuperseded, m.QueueDepth,
 		m.PolicyLatency, m.PolicyDecisions, m.ApprovalOutcomes, m.ApprovalWait, m.StepsSubmitted, m.ExecutionsCreated,
 		m.ExecutionsCompleted, m.WorkerErrors, m.RateLimitDecisions, m.HTTPRequests, m.HTTPDuration, m.StreamConnections,
-		m.StoreCommitBatchSize, m.StoreCommitSeconds)
+		m.StoreCommitBatchSize, m.StoreCommitSeconds, m.Checkpoints, m.CheckpointFailures, m.Forks, m.ForkDuration)
 	for _, v := range []string{"true", "false"} {
 		m.ReplayTotal.WithLabelValues(v)
 	}
@@ -115,6 +127,13 @@ func New() *Metrics {
 	}
 	for _, v := range []string{"limited", "error_allowed", "error_denied"} {
 		m.RateLimitDecisions.WithLabelValues(v)
+	}
+	for _, v := range []string{"reported", "unknown_resource", "missing_checkpoint_ref", "checkpoint_ref_too_long",
+		"duplicate_capture", "stale_generation", "writers_active"} {
+		m.CheckpointFailures.WithLabelValues(v)
+	}
+	for _, v := range []string{"true", "false"} {
+		m.Forks.WithLabelValues(v)
 	}
 	for _, v := range []string{"events", "deltas"} {
 		m.StreamConnections.WithLabelValues(v)

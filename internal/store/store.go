@@ -83,6 +83,21 @@ type Reader interface {
 	// step id (§20).
 	RateLimitMark(ctx context.Context, executionID, stepID string) (at time.Time, found bool, err error)
 
+	// Resources lists an execution's resources in registration order.
+	Resources(ctx context.Context, executionID string) ([]*Resource, error)
+	Resource(ctx context.Context, executionID, key string) (*Resource, error)
+	// Checkpoints lists an execution's checkpoint rows by key, then
+	// covered_seq.
+	Checkpoints(ctx context.Context, executionID string) ([]*Checkpoint, error)
+	// CheckpointAt is the newest checkpoint of key with covered_seq <= seq.
+	CheckpointAt(ctx context.Context, executionID, key string, seq int64) (*Checkpoint, error)
+	// ExecutingSteps lists the execution's steps in status executing,
+	// through an index on exactly those rows.
+	ExecutingSteps(ctx context.Context, executionID string) ([]*Step, error)
+	// CopyRefs lists the steps whose bodies the execution's copied steps
+	// share (execution id, step id), for retention.
+	CopyRefs(ctx context.Context, executionID string) ([][2]string, error)
+
 	// Scheduling queries used by the background workers.
 	DueDispatches(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
 	ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
@@ -132,6 +147,13 @@ type Tx interface {
 	UpdateApproval(ctx context.Context, a *Approval) error
 	SetRateLimitMark(ctx context.Context, executionID, stepID string, at time.Time) error
 	DeleteExecutionMarks(ctx context.Context, executionID string) error
+
+	InsertResource(ctx context.Context, r *Resource) error
+	// UpdateResource writes generation, binding and the start counter.
+	UpdateResource(ctx context.Context, r *Resource) error
+	InsertCheckpoint(ctx context.Context, c *Checkpoint) error
+	// InvalidateCheckpoints closes the open checkpoints of key at seq.
+	InvalidateCheckpoints(ctx context.Context, executionID, key string, seq int64) error
 	DeleteIdempotencyBefore(ctx context.Context, before time.Time) error
 
 	// AfterCommit registers f to run once the transaction is durable. It is
@@ -171,10 +193,11 @@ type Execution struct {
 // ExecutionFilter selects executions for ListExecutions: newest first, ids
 // strictly below Cursor when set.
 type ExecutionFilter struct {
-	AgentID string
-	Status  string
-	Cursor  string
-	Limit   int
+	AgentID    string
+	ForkedFrom string
+	Status     string
+	Cursor     string
+	Limit      int
 }
 
 // Event is one entry of an execution's log.
@@ -207,6 +230,41 @@ type Step struct {
 	DispatchID  string // dispatch and attempt that last started (or recorded) it
 	Attempt     int64
 	TerminalSeq int64
+	// StartInfo is the resources entries of the step's latest live start
+	// (JSON), answered again to a same-attempt retry (§11.6).
+	StartInfo []byte
+	// BodyExecutionID and BodyStepID name the step whose args, result and
+	// error a fork's copy shares; empty on steps that own their bodies.
+	BodyExecutionID string
+	BodyStepID      string
+}
+
+// Resource is external state an execution registered
+// (RESOURCES-AND-FORKS §3.1).
+type Resource struct {
+	ExecutionID           string
+	Key                   string
+	Position              int64 // registration order
+	DriverID              string
+	Configuration         []byte // canonical JSON; nil when none
+	CoverageReuse         bool
+	EverySteps            int64
+	OnCompletion          bool
+	RegisteredSeq         int64
+	Generation            int64
+	Binding               []byte // nil until bound
+	CheckpointRef         string // the restore ref of a fork's copy, else ""
+	StartsSinceCheckpoint int64
+}
+
+// Checkpoint is an accepted capture of a resource.
+type Checkpoint struct {
+	ExecutionID    string
+	Key            string
+	CoveredSeq     int64
+	Generation     int64
+	CheckpointRef  string
+	InvalidatedSeq int64 // 0 while open
 }
 
 // Dispatch is the stored dispatch row (§2.9).

@@ -78,6 +78,9 @@ CREATE TABLE steps (
   dispatch_id TEXT NOT NULL DEFAULT '',
   attempt INTEGER NOT NULL DEFAULT 0,
   terminal_seq INTEGER NOT NULL DEFAULT 0,
+  start_info BLOB,
+  body_execution_id TEXT NOT NULL DEFAULT '',
+  body_step_id TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (execution_id, step_id)
 );
 CREATE INDEX steps_by_identity ON steps (execution_id, kind, target, args_hash, occurrence);
@@ -152,5 +155,38 @@ CREATE TABLE rate_limit_marks (
   audited_at INTEGER NOT NULL,
   PRIMARY KEY (execution_id, step_id)
 );
+`,
+	`
+CREATE TABLE resources (
+  execution_id TEXT NOT NULL,
+  key TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  driver_id TEXT NOT NULL,
+  configuration BLOB,
+  coverage_reuse INTEGER NOT NULL,
+  every_steps INTEGER NOT NULL,
+  on_completion INTEGER NOT NULL,
+  registered_seq INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  binding BLOB,
+  checkpoint_ref TEXT NOT NULL DEFAULT '',
+  starts_since_checkpoint INTEGER NOT NULL,
+  PRIMARY KEY (execution_id, key)
+);
+
+CREATE TABLE checkpoints (
+  execution_id TEXT NOT NULL,
+  key TEXT NOT NULL,
+  covered_seq INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  checkpoint_ref TEXT NOT NULL,
+  invalidated_seq INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (execution_id, key, covered_seq)
+);
+CREATE INDEX checkpoints_open ON checkpoints (execution_id, key) WHERE invalidated_seq = 0;
+
+CREATE INDEX steps_executing ON steps (execution_id) WHERE status = 'executing';
+CREATE INDEX steps_by_body ON steps (body_execution_id, body_step_id) WHERE body_execution_id <> '';
+CREATE INDEX executions_by_source ON executions (forked_from, id) WHERE forked_from <> '';
 `,
 }

@@ -164,6 +164,10 @@ func (q *Queries) ListExecutions(ctx context.Context, f store.ExecutionFilter) (
 		where = append(where, "agent_id = ?")
 		args = append(args, f.AgentID)
 	}
+	if f.ForkedFrom != "" {
+		where = append(where, "forked_from = ?")
+		args = append(args, f.ForkedFrom)
+	}
 	if f.Status != "" {
 		where = append(where, "status = ?")
 		args = append(args, f.Status)
@@ -209,22 +213,59 @@ func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 }
 
 // DeleteExecution removes an execution and everything that belongs to it.
+// Step rows whose bodies a fork's copy still shares are kept (detached from
+// the deleted execution) until the last copy goes; the bodies a deleted
+// fork's copies shared are dropped once nothing references them.
 func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
+	refs, err := t.CopyRefs(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.exec(ctx, `DELETE FROM steps WHERE execution_id = ? AND NOT EXISTS
+ (SELECT 1 FROM steps c WHERE c.body_execution_id = steps.execution_id AND c.body_step_id = steps.step_id)`, id); err != nil {
+		return err
+	}
 	for _, stmt := range []string{
 		`DELETE FROM events WHERE execution_id = ?`,
-		`DELETE FROM steps WHERE execution_id = ?`,
 		`DELETE FROM counters WHERE execution_id = ?`,
 		`DELETE FROM dispatches WHERE execution_id = ?`,
 		`DELETE FROM idempotency_keys WHERE execution_id = ?`,
 		`DELETE FROM approvals WHERE execution_id = ?`,
 		`DELETE FROM rate_limit_marks WHERE execution_id = ?`,
+		`DELETE FROM resources WHERE execution_id = ?`,
+		`DELETE FROM checkpoints WHERE execution_id = ?`,
 		`DELETE FROM executions WHERE id = ?`,
 	} {
 		if err := t.exec(ctx, stmt, id); err != nil {
 			return err
 		}
 	}
+	for _, r := range refs {
+		if err := t.exec(ctx, `DELETE FROM steps WHERE execution_id = ? AND step_id = ?
+ AND NOT EXISTS (SELECT 1 FROM executions WHERE id = ?)
+ AND NOT EXISTS (SELECT 1 FROM steps c WHERE c.body_execution_id = ? AND c.body_step_id = ?)`,
+			r[0], r[1], r[0], r[0], r[1]); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string, error) {
+	rows, err := q.query(ctx, `SELECT DISTINCT body_execution_id, body_step_id FROM steps WHERE execution_id = ? AND body_execution_id <> ''`, executionID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := [][2]string{}
+	for rows.Next() {
+		var r [2]string
+		if err := rows.Scan(&r[0], &r[1]); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // ---- events ----
@@ -276,8 +317,20 @@ func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64
 
 // ---- steps ----
 
-const stepCols = `execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency,
- args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq`
+// stepCols are the step columns; a fork's copy reads the args, result and
+// error of the step whose bodies it shares (b).
+const stepCols = `s.execution_id, s.step_id, s.step_order, s.kind, s.target, s.args_hash, s.occurrence, s.status, s.idempotency,
+ CASE WHEN s.body_step_id = '' THEN s.args ELSE b.args END,
+ CASE WHEN s.body_step_id = '' THEN s.result ELSE b.result END,
+ CASE WHEN s.body_step_id = '' THEN s.error ELSE b.error END,
+ s.error_reason, s.resources, s.started_at, s.completed_at, s.dispatch_id, s.attempt, s.terminal_seq,
+ s.start_info, s.body_execution_id, s.body_step_id`
+
+const stepFrom = ` FROM steps s LEFT JOIN steps b ON s.body_step_id <> '' AND b.execution_id = s.body_execution_id AND b.step_id = s.body_step_id`
+
+const stepInsertCols = `execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency,
+ args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq,
+ start_info, body_execution_id, body_step_id`
 
 func scanStep(s scanner) (*store.Step, error) {
 	var st store.Step
@@ -285,7 +338,8 @@ func scanStep(s scanner) (*store.Step, error) {
 	var res string
 	err := s.Scan(&st.ExecutionID, &st.StepID, &st.Order, &st.Kind, &st.Target, &st.ArgsHash, &st.Occurrence,
 		&st.Status, &st.Idempotency, &st.Args, &st.Result, &st.Error, &st.ErrorReason, &res,
-		&started, &completed, &st.DispatchID, &st.Attempt, &st.TerminalSeq)
+		&started, &completed, &st.DispatchID, &st.Attempt, &st.TerminalSeq,
+		&st.StartInfo, &st.BodyExecutionID, &st.BodyStepID)
 	if err != nil {
 		return nil, err
 	}
@@ -297,20 +351,20 @@ func scanStep(s scanner) (*store.Step, error) {
 }
 
 func (q *Queries) Step(ctx context.Context, executionID, stepID string) (*store.Step, error) {
-	s, err := scanStep(q.row(ctx, `SELECT `+stepCols+` FROM steps WHERE execution_id = ? AND step_id = ?`, executionID, stepID))
+	s, err := scanStep(q.row(ctx, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.step_id = ?`, executionID, stepID))
 	return s, notFound(err)
 }
 
 func (q *Queries) Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*store.Step, error) {
-	query := `SELECT ` + stepCols + ` FROM steps WHERE execution_id = ? AND step_order > ?`
+	query := `SELECT ` + stepCols + stepFrom + ` WHERE s.execution_id = ? AND s.step_order > ?`
 	args := []any{executionID, afterOrder}
 	if len(statuses) > 0 {
-		query += " AND status IN (?" + strings.Repeat(",?", len(statuses)-1) + ")"
+		query += " AND s.status IN (?" + strings.Repeat(",?", len(statuses)-1) + ")"
 		for _, s := range statuses {
 			args = append(args, s)
 		}
 	}
-	query += " ORDER BY step_order LIMIT ?"
+	query += " ORDER BY s.step_order LIMIT ?"
 	args = append(args, limit)
 	rows, err := q.query(ctx, query, args...)
 	if err != nil {
@@ -332,7 +386,7 @@ func (q *Queries) OpenSteps(ctx context.Context, executionID string) ([]*store.S
 	// Only a terminal transition asks, once per execution, so the scan of the
 	// execution's steps in recording order costs less than an index that
 	// every step would have to maintain twice.
-	rows, err := q.query(ctx, `SELECT `+stepCols+` FROM steps WHERE execution_id = ? AND status IN ('allowed','executing') ORDER BY step_order`, executionID)
+	rows, err := q.query(ctx, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status IN ('allowed','executing') ORDER BY s.step_order`, executionID)
 	if err != nil {
 		return nil, err
 	}
@@ -369,17 +423,22 @@ func (q *Queries) HasIndeterminate(ctx context.Context, executionID, kind, targe
 }
 
 func (t *Tx) InsertStep(ctx context.Context, s *store.Step) error {
-	return t.exec(ctx, `INSERT INTO steps (`+stepCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	// A copy stores no bodies of its own.
+	args, result, errBody := s.Args, s.Result, s.Error
+	if s.BodyStepID != "" {
+		args, result, errBody = nil, nil, nil
+	}
+	return t.exec(ctx, `INSERT INTO steps (`+stepInsertCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
-		s.Args, s.Result, s.Error, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt),
-		s.DispatchID, s.Attempt, s.TerminalSeq)
+		args, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt),
+		s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
 }
 
 func (t *Tx) UpdateStep(ctx context.Context, s *store.Step) error {
 	return t.exec(ctx, `UPDATE steps SET status = ?, idempotency = ?, result = ?, error = ?, error_reason = ?,
- started_at = ?, completed_at = ?, dispatch_id = ?, attempt = ?, terminal_seq = ? WHERE execution_id = ? AND step_id = ?`,
+ started_at = ?, completed_at = ?, dispatch_id = ?, attempt = ?, terminal_seq = ?, start_info = ? WHERE execution_id = ? AND step_id = ?`,
 		s.Status, s.Idempotency, s.Result, s.Error, s.ErrorReason, ts(s.StartedAt), ts(s.CompletedAt),
-		s.DispatchID, s.Attempt, s.TerminalSeq, s.ExecutionID, s.StepID)
+		s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.ExecutionID, s.StepID)
 }
 
 // ---- dispatches ----
