@@ -30,6 +30,7 @@ type Timeline struct {
 	executing map[string]time.Time // step id → time of its latest start
 	lastSeq   int64
 	queued    int
+	appr      *approvalTrack // approvals requested so far (approvals_timeline.go)
 }
 
 // TimelineOptions configure a Timeline.
@@ -56,6 +57,7 @@ func NewTimeline(w io.Writer, opt TimelineOptions) *Timeline {
 func (a *App) newTimeline(origin time.Time, steps StepSource) *Timeline {
 	t := NewTimeline(a.opt.Out, TimelineOptions{Origin: origin, Steps: steps, Width: a.width})
 	t.st = a.styles
+	t.appr = a.timelineApprovals()
 	return t
 }
 
@@ -169,7 +171,7 @@ func (t *Timeline) describe(ev Event, p payload) (string, func(string) string, s
 	case "execution.started":
 		return "▶", info, ""
 	case "execution.blocked":
-		return "⏸", warn, "waiting for an approval"
+		return t.describeApproval(ev, p)
 	case "execution.resumed":
 		return "▶", info, ""
 	case "execution.completed":
@@ -246,19 +248,8 @@ func (t *Timeline) describe(ev Event, p payload) (string, func(string) string, s
 		}
 		return "⧗", warn, join()
 
-	case "approval.requested":
-		add(labeled(st, "approval", ShortID(p.str("approval_id"))), dim("grant or deny it to go on"))
-		return "?", warn, join()
-	case "approval.granted", "approval.denied", "approval.expired":
-		add(labeled(st, "approval", ShortID(p.str("approval_id"))), labeled(st, "by", p.str("decided_by")),
-			quoted(p.str("rationale")))
-		switch ev.Type {
-		case "approval.granted":
-			return "✔", ok, join()
-		case "approval.denied":
-			return "✘", bad, join()
-		}
-		return "⌛", bad, join()
+	case "approval.requested", "approval.granted", "approval.denied", "approval.expired":
+		return t.describeApproval(ev, p)
 
 	case "dispatch.queued":
 		t.queued++

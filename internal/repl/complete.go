@@ -79,6 +79,7 @@ type completer struct {
 	words   map[string][]string
 	execs   []string
 	agents  []string
+	pending []string // short ids of pending approvals
 	fetched time.Time
 }
 
@@ -96,6 +97,11 @@ var (
 	agentVerbs = map[string]bool{"get": true, "rm": true, "delete": true}
 	execNouns  = map[string]bool{"exec": true, "execution": true, "executions": true}
 	agentNouns = map[string]bool{"agent": true, "agents": true}
+	// `policy set|get|rm <agent>`, `approvals get|grant|deny <approval>`.
+	policyNouns    = map[string]bool{"policy": true, "policies": true}
+	policyVerbs    = map[string]bool{"set": true, "get": true, "rm": true, "delete": true}
+	approvalNouns  = map[string]bool{"approvals": true, "approval": true}
+	approvalIDVerb = map[string]bool{"get": true, "grant": true, "deny": true}
 )
 
 // Do implements readline.AutoCompleter: it returns the endings of the
@@ -158,9 +164,14 @@ func (c *completer) candidates(words []string, current string) []string {
 	case execNouns[noun] && idVerbs[verb]:
 		execs, _ := c.ids()
 		return execs
-	case execNouns[noun] && verb == "create", agentNouns[noun] && agentVerbs[verb]:
+	case execNouns[noun] && verb == "create", agentNouns[noun] && agentVerbs[verb], policyNouns[noun] && policyVerbs[verb]:
 		_, agents := c.ids()
 		return agents
+	case approvalNouns[noun] && approvalIDVerb[verb]:
+		c.ids()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.pending
 	}
 	return nil
 }
@@ -207,6 +218,15 @@ func (c *completer) ids() (execs, agents []string) {
 			if json.Unmarshal(raw, &a) == nil {
 				c.agents = append(c.agents, a.ID)
 			}
+		}
+	}
+	var approvals []struct {
+		ID string `json:"id"`
+	}
+	c.pending = nil
+	if _, err := cl.GetJSON(ctx, "/v0/approvals?status=pending", &approvals); err == nil {
+		for _, ap := range approvals {
+			c.pending = append(c.pending, cli.ShortID(ap.ID))
 		}
 	}
 	return c.execs, c.agents

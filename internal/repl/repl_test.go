@@ -77,7 +77,7 @@ func TestCompletion(t *testing.T) {
 		"agents get c":        {"coder "},
 		"exec get 14b3cad6 ":  nil,
 		"exec ls --":          nil,
-		"help a":              {"agent ", "agents "},
+		"help ag":             {"agent ", "agents "},
 	} {
 		if got := complete(c, line); !reflect.DeepEqual(got, want) {
 			t.Errorf("complete(%q) = %q, want %q", line, got, want)
