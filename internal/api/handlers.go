@@ -39,6 +39,12 @@ func (s *Server) registerRoutes() {
 	add(http.MethodPost, ex+"/complete", authHMAC, true, handleComplete)
 	add(http.MethodPost, ex+"/fail", authHMAC, true, handleFail)
 	add(http.MethodGet, ex+"/previous", authDual, false, handlePrevious)
+	add(http.MethodPost, ex+"/fork", authBearer, true, handleFork)
+	add(http.MethodGet, ex+"/forks", authDual, false, handleForks)
+	add(http.MethodGet, ex+"/coverage", authDual, false, handleCoverage)
+	add(http.MethodPost, ex+"/resources", authHMAC, true, handleRegisterResource)
+	add(http.MethodPost, ex+"/resources/{key}/binding", authHMAC, true, handleBind)
+	add(http.MethodPost, ex+"/resources/checkpoints", authHMAC, true, handlePublish)
 	add(http.MethodPost, "/v0/agents", authBearer, true, handleRegister)
 	add(http.MethodGet, "/v0/agents", authBearer, false, handleListAgents)
 	add(http.MethodGet, "/v0/agents/{agent_id}", authBearer, false, handleGetAgent)
@@ -409,59 +415,18 @@ func handleOutcome(succeeded bool) func(*call) error {
 		if err != nil {
 			return err
 		}
-		if err := checkCaptures(f); err != nil {
+		caps, err := parseCaptures(f)
+		if err != nil {
 			return err
 		}
-		dec, err := c.s.k.RecordOutcome(c.ctx(), c.caller, id, stepID, h, kernel.OutcomeRequest{Succeeded: succeeded, Value: f.raw(field)})
+		dec, err := c.s.k.RecordOutcome(c.ctx(), c.caller, id, stepID, h,
+			kernel.OutcomeRequest{Succeeded: succeeded, Value: f.raw(field), Captures: caps})
 		if err != nil {
 			return err
 		}
 		c.writeJSON(http.StatusOK, renderDecision(dec).Bytes())
 		return nil
 	}
-}
-
-// checkCaptures validates the shape of the capture lists a step outcome may
-// carry (RESOURCES-AND-FORKS §3.4). An execution without resources refuses
-// every capture, so the lists need no further processing here.
-func checkCaptures(f *fields) error {
-	for _, name := range []string{"captures", "capture_failures"} {
-		v := f.get(name)
-		if v == nil {
-			continue
-		}
-		if v.Kind != jsonx.KindArray || len(v.Elems) > 32 {
-			return invalid(name, "%s must be an array of at most 32 entries", name)
-		}
-		for _, e := range v.Elems {
-			if e.Kind != jsonx.KindObject {
-				return invalid(name, "%s entries must be objects", name)
-			}
-			known := []string{"key", "generation", "checkpoint_ref"}
-			if name == "capture_failures" {
-				known = []string{"key", "generation", "error"}
-			}
-			for _, m := range e.Members {
-				if !contains(known, m.Key) {
-					return invalid(name+"."+m.Key, "unknown field %q", m.Key)
-				}
-			}
-			if k := e.Get("key"); k == nil || k.Kind != jsonx.KindString {
-				return invalid(name+".key", "key must be a string")
-			}
-			if g := e.Get("generation"); g == nil || g.Kind != jsonx.KindNumber {
-				return invalid(name+".generation", "generation must be an integer")
-			} else if n, err := strconv.ParseInt(string(g.Raw), 10, 64); err != nil || n < 0 {
-				return invalid(name+".generation", "generation must be an integer >= 0")
-			}
-			if name == "capture_failures" {
-				if er := e.Get("error"); er != nil && er.Kind != jsonx.KindString && er.Kind != jsonx.KindNull {
-					return invalid(name+".error", "error must be a string")
-				}
-			}
-		}
-	}
-	return nil
 }
 
 func handleDelta(c *call) error {

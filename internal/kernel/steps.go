@@ -242,7 +242,11 @@ func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r S
 	case wire.StepExecuting:
 		if r.HasOccurrence && h.Attempt > 0 && s.DispatchID == d.ID && s.Attempt == h.Attempt {
 			// The proceed of this very attempt was lost; its body never ran.
-			return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+			entries, err := o.restartEntries(s)
+			if err != nil {
+				return nil, err
+			}
+			return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: entries}, nil
 		}
 		o.enforce = true
 		if s.Idempotency == wire.AtMostOnce || r.Idempotency == wire.AtMostOnce {
@@ -274,11 +278,15 @@ func (o *op) start(s *store.Step, d *store.Dispatch, h DispatchHeaders, retry bo
 	if retry {
 		p.Bool("retry", true)
 	}
+	entries, err := o.liveStart(s, p)
+	if err != nil {
+		return nil, err
+	}
 	o.emit(wire.EventStepExecuting, p)
 	if err := o.tx.UpdateStep(o.ctx, s); err != nil {
 		return nil, fmt.Errorf("start step: %w", err)
 	}
-	return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+	return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: entries}, nil
 }
 
 // requestAttempt is the attempt a request acts for: its header, else the
@@ -370,17 +378,22 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 	case PolicyAllow:
 		s.Status = wire.StepExecuting
 		s.StartedAt = o.now
-		if err := o.tx.InsertStep(o.ctx, s); err != nil {
-			return nil, fmt.Errorf("insert step: %w", err)
-		}
 		o.emit(wire.EventStepProposed, stepPayload(s))
 		allowed := stepPayload(s)
 		if res.RuleID != "" {
 			allowed.String("rule_id", res.RuleID)
 		}
 		o.emit(wire.EventStepAllowed, allowed)
-		o.emit(wire.EventStepExecuting, stepPayload(s))
-		return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: []ResourceEntry{}}, nil
+		executing := stepPayload(s)
+		entries, err := o.liveStart(s, executing)
+		if err != nil {
+			return nil, err
+		}
+		o.emit(wire.EventStepExecuting, executing)
+		if err := o.tx.InsertStep(o.ctx, s); err != nil {
+			return nil, fmt.Errorf("insert step: %w", err)
+		}
+		return &Decision{Decision: wire.DecisionProceed, StepID: s.StepID, Resources: entries}, nil
 	}
 	return nil, fmt.Errorf("policy returned unknown decision %q", res.Decision)
 }
@@ -459,10 +472,16 @@ func (o *op) recordDenied(s *store.Step, reason, ruleID string) (*Decision, erro
 type OutcomeRequest struct {
 	Succeeded bool
 	Value     []byte // result or error, verbatim; nil when absent or null
+	// Captures travel with the outcome and are processed only when it is
+	// recorded (RESOURCES-AND-FORKS §3.4).
+	Captures Captures
 }
 
 // RecordOutcome completes or fails a step (§13).
 func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string, h DispatchHeaders, r OutcomeRequest) (*Decision, error) {
+	if err := validateCaptures(r.Captures); err != nil {
+		return nil, err
+	}
 	var dec *Decision
 	err := k.update(ctx, id, func(o *op) error {
 		dec = nil
@@ -501,6 +520,9 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 			s.TerminalSeq = o.e.LastSeq
 			if err := o.tx.UpdateStep(o.ctx, s); err != nil {
 				return fmt.Errorf("record step outcome: %w", err)
+			}
+			if err := o.processCaptures(r.Captures, s); err != nil {
+				return err
 			}
 			dec = &Decision{Decision: wire.DecisionRecorded}
 			if !superseded {

@@ -1,0 +1,433 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/identity"
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// ForkRequest is a parsed fork body.
+type ForkRequest struct {
+	AtSeq          int64
+	IdempotencyKey string
+	BodyHash       string
+}
+
+// cleanupReasons are the step denials of a terminal clean-up (§7.8): a fork
+// does not copy them, since the handler never saw those outcomes.
+var cleanupReasons = map[string]bool{
+	wire.CauseExecutionCompleted: true, wire.CauseExecutionFailed: true,
+	wire.CauseExecutionCancelled: true, wire.CauseDeadlineExceeded: true,
+}
+
+// forkPlan is everything a fork copies from its source, read before the
+// write transaction: what lies at or before the fork point never changes.
+type forkPlan struct {
+	source      *store.Execution
+	at          int64
+	steps       []*store.Step       // copied source steps, in recording order
+	resources   []*store.Resource   // copied resources, in registration order
+	checkpoints []*store.Checkpoint // per key, by covered_seq
+	kept        []*store.Event      // kept source events, in order
+	generations map[string]int64    // generation of each key at the fork point
+	covered     map[string]bool     // coverage of each key at the fork point
+	restoreAt   map[string]*store.Checkpoint
+}
+
+// Fork creates a new execution from an execution's history up to an event
+// (RESOURCES-AND-FORKS §5): its completed steps replay, and its resources
+// are restored from the checkpoint that covers the point, or the newest
+// earlier one. The source is never modified.
+func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*store.Execution, error) {
+	started := time.Now()
+	if r.IdempotencyKey != "" {
+		if err := ValidIdempotencyKey(r.IdempotencyKey); err != nil {
+			return nil, err
+		}
+	}
+	source, err := k.store.Read().Execution(ctx, sourceID)
+	if err != nil {
+		return nil, notFoundOr(err, "execution")
+	}
+	if r.AtSeq < 1 || r.AtSeq > source.LastSeq {
+		return nil, atSeqError(source.LastSeq)
+	}
+	plan, err := k.planFork(ctx, source, r.AtSeq)
+	if err != nil {
+		return nil, err
+	}
+	var fork *store.Execution
+	err = k.update(ctx, sourceID, func(o *op) error {
+		fork = nil
+		if _, err := o.tx.Execution(o.ctx, sourceID); err != nil {
+			return notFoundOr(err, "execution")
+		}
+		if _, err := o.tx.Agent(o.ctx, source.AgentID); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return errConflict(fmt.Sprintf("agent %q is not registered", source.AgentID))
+			}
+			return fmt.Errorf("read agent: %w", err)
+		}
+		if r.IdempotencyKey != "" {
+			existing, err := k.idempotent(o, RouteFork, sourceID, r.IdempotencyKey, r.BodyHash)
+			if err != nil || existing != nil {
+				fork = existing
+				return err
+			}
+		}
+		var err error
+		if fork, err = o.writeFork(plan); err != nil {
+			return err
+		}
+		if r.IdempotencyKey != "" {
+			if err := o.tx.InsertIdempotency(o.ctx, &store.IdempotencyRecord{Route: RouteFork, Scope: sourceID,
+				Key: r.IdempotencyKey, BodyHash: r.BodyHash, ExecutionID: fork.ID, CreatedAt: o.now}); err != nil {
+				return fmt.Errorf("record idempotency key: %w", err)
+			}
+		}
+		covered := "true"
+		for _, c := range plan.covered {
+			if !c {
+				covered = "false"
+			}
+		}
+		m := k.metrics
+		o.tx.AfterCommit(func() {
+			m.Forks.WithLabelValues(covered).Inc()
+			m.ForkDuration.Observe(time.Since(started).Seconds())
+			m.ExecutionsCreated.Inc()
+		})
+		return nil
+	})
+	return fork, err
+}
+
+// planFork reads and selects what the fork copies (§5.2).
+func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64) (*forkPlan, error) {
+	rd := k.store.Read()
+	p := &forkPlan{source: source, at: at, generations: map[string]int64{}, covered: map[string]bool{},
+		restoreAt: map[string]*store.Checkpoint{}}
+
+	copied := map[string]bool{}
+	err := k.EachStepPage(ctx, Caller{}, source.ID, "", func(page []*store.Step) error {
+		for _, s := range page {
+			copyable := s.Status == wire.StepSucceeded || s.Status == wire.StepFailed || s.Status == wire.StepDenied
+			if !copyable || s.TerminalSeq == 0 || s.TerminalSeq > at {
+				continue
+			}
+			if s.Status == wire.StepDenied && cleanupReasons[s.ErrorReason] {
+				continue
+			}
+			p.steps = append(p.steps, s)
+			copied[s.StepID] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	resources, err := rd.Resources(ctx, source.ID)
+	if err != nil {
+		return nil, fmt.Errorf("read resources: %w", err)
+	}
+	copiedKey := map[string]bool{}
+	for _, r := range resources {
+		if r.RegisteredSeq <= at {
+			p.resources = append(p.resources, r)
+			copiedKey[r.Key] = true
+		}
+	}
+
+	// One pass over the log up to the point: the kept events, and the
+	// generation of each key there.
+	for after := int64(0); after < at; {
+		evs, err := rd.Events(ctx, source.ID, after, wire.MaxEventsLimit)
+		if err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, ev := range evs {
+			if ev.Seq > at {
+				break
+			}
+			after = ev.Seq
+			if keep, err := p.observe(ev, copied, copiedKey); err != nil {
+				return nil, err
+			} else if keep {
+				p.kept = append(p.kept, ev)
+			}
+		}
+		if len(evs) < wire.MaxEventsLimit {
+			break
+		}
+	}
+
+	rows, err := rd.Checkpoints(ctx, source.ID)
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoints: %w", err)
+	}
+	for _, r := range p.resources {
+		pc, c, err := pointCoverage(ctx, rd, r, at)
+		if err != nil {
+			return nil, err
+		}
+		p.covered[r.Key] = pc.Covered
+		if c != nil {
+			p.restoreAt[r.Key] = c
+		}
+	}
+	for _, row := range rows {
+		if copiedKey[row.Key] && row.CoveredSeq <= at {
+			p.checkpoints = append(p.checkpoints, row)
+		}
+	}
+	return p, nil
+}
+
+// observe records what one source event at or before the fork point tells
+// the plan, and reports whether the fork's log keeps it.
+func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]bool) (bool, error) {
+	isStep := len(ev.Type) > 5 && ev.Type[:5] == "step."
+	if !isStep && ev.Type != EventResourceRegistered && ev.Type != EventResourceInitialized {
+		return false, nil
+	}
+	v, err := jsonx.Parse(ev.Payload, wire.MaxNesting)
+	if err != nil {
+		return false, fmt.Errorf("event %d: %w", ev.Seq, err)
+	}
+	switch {
+	case ev.Type == wire.EventStepExecuting:
+		if g := v.Get("generations"); g != nil && g.Kind == jsonx.KindObject {
+			for _, m := range g.Members {
+				if n, ok := intValue(m.Value); ok {
+					p.generations[m.Key] = n
+				}
+			}
+		}
+	case ev.Type == EventResourceInitialized:
+		if key, n := stringField(v, "key"), v.Get("generation"); key != "" && n != nil {
+			if g, ok := intValue(n); ok {
+				p.generations[key] = g
+			}
+		}
+	}
+	if isStep {
+		return ev.Type != wire.EventStepRateLimited && copiedStep[stringField(v, "step_id")], nil
+	}
+	return copiedKey[stringField(v, "key")], nil
+}
+
+func stringField(v *jsonx.Value, key string) string {
+	if f := v.Get(key); f != nil && f.Kind == jsonx.KindString {
+		return f.Str
+	}
+	return ""
+}
+
+func intValue(v *jsonx.Value) (int64, bool) {
+	if v == nil || v.Kind != jsonx.KindNumber {
+		return 0, false
+	}
+	var n int64
+	_, err := fmt.Sscan(string(v.Raw), &n)
+	return n, err == nil
+}
+
+// writeFork writes the fork's execution, copies and log in the current
+// transaction (§5.3) and enqueues its first dispatch.
+func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
+	src := p.source
+	e := &store.Execution{
+		ID: newID(), AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
+		CreatedAt: o.now, UpdatedAt: o.now, ParentID: src.ParentID, OnBehalfOf: src.OnBehalfOf,
+		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{},
+	}
+	if o.k.cfg.DeadlineTimeout > 0 {
+		e.DeadlineAt = o.now.Add(o.k.cfg.DeadlineTimeout)
+	}
+	for _, r := range p.resources {
+		e.ResourceKeys = append(e.ResourceKeys, r.Key)
+	}
+	restoration := &jsonx.Object{}
+	for _, r := range p.resources {
+		entry := (&jsonx.Object{}).Bool("covered", p.covered[r.Key])
+		if c := p.restoreAt[r.Key]; c != nil {
+			entry.String("checkpoint_ref", c.CheckpointRef).Int("checkpoint_seq", c.CoveredSeq)
+		}
+		restoration.Raw(r.Key, entry.Bytes())
+	}
+	e.Restoration = restoration.Bytes()
+	if err := o.tx.InsertExecution(o.ctx, e); err != nil {
+		return nil, fmt.Errorf("insert fork: %w", err)
+	}
+	o.e = e
+
+	created := (&jsonx.Object{}).String("execution_id", e.ID).String("status", wire.ExecPending).String("agent_id", e.AgentID)
+	if e.AgentVersion != "" {
+		created.String("agent_version", e.AgentVersion)
+	}
+	if !e.DeadlineAt.IsZero() {
+		created.String("deadline_at", wire.FormatTime(e.DeadlineAt))
+	}
+	o.emit(wire.EventExecutionCreated, created)
+	o.emit(wire.EventExecutionForked, (&jsonx.Object{}).String("source_execution_id", src.ID).Int("fork_seq", p.at).
+		Raw("restoration", e.Restoration))
+
+	// Copied steps: narrow rows sharing the source's bodies.
+	ids := make(map[string]string, len(p.steps))
+	for _, s := range p.steps {
+		ids[s.StepID] = identity.StepID(e.ID, s.Kind, s.Target, s.ArgsHash, s.Occurrence)
+	}
+
+	// The kept events, renumbered, with copied step ids; copies keep their
+	// source's occurred_at and are not counted against the fork's limits.
+	sourceSeqs := make([]int64, 0, len(p.kept))
+	copies := make([]*store.Event, 0, len(p.kept))
+	for _, ev := range p.kept {
+		payload, err := rewriteStepID(ev.Payload, ids)
+		if err != nil {
+			return nil, fmt.Errorf("copy event %d: %w", ev.Seq, err)
+		}
+		e.LastSeq++
+		copies = append(copies, &store.Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: ev.Type, Payload: payload, OccurredAt: ev.OccurredAt})
+		sourceSeqs = append(sourceSeqs, ev.Seq)
+	}
+	o.events = append(o.events, copies...)
+	mapSeq := func(x int64) int64 {
+		i := sort.Search(len(sourceSeqs), func(i int) bool { return sourceSeqs[i] > x })
+		if i == 0 {
+			return 2
+		}
+		return copies[i-1].Seq
+	}
+
+	for _, s := range p.steps {
+		c := *s
+		c.ExecutionID = e.ID
+		c.StepID = ids[s.StepID]
+		if s.BodyStepID == "" {
+			c.BodyExecutionID, c.BodyStepID = s.ExecutionID, s.StepID
+		}
+		e.StepOrder++
+		c.Order = e.StepOrder
+		c.TerminalSeq = mapSeq(s.TerminalSeq)
+		c.DispatchID, c.Attempt, c.StartInfo = "", 0, nil
+		if err := o.tx.InsertStep(o.ctx, &c); err != nil {
+			return nil, fmt.Errorf("copy step: %w", err)
+		}
+	}
+
+	for i, r := range p.resources {
+		gen := p.generations[r.Key]
+		if !p.covered[r.Key] {
+			gen++
+		}
+		ref := ""
+		if c := p.restoreAt[r.Key]; c != nil {
+			ref = c.CheckpointRef
+		}
+		cp := &store.Resource{ExecutionID: e.ID, Key: r.Key, Position: int64(i), DriverID: r.DriverID,
+			Configuration: r.Configuration, CoverageReuse: r.CoverageReuse, EverySteps: r.EverySteps,
+			OnCompletion: r.OnCompletion, RegisteredSeq: mapSeq(r.RegisteredSeq), Generation: gen, CheckpointRef: ref}
+		if err := o.tx.InsertResource(o.ctx, cp); err != nil {
+			return nil, fmt.Errorf("copy resource: %w", err)
+		}
+		init := (&jsonx.Object{}).String("key", r.Key).Int("generation", gen)
+		if ref != "" {
+			init.String("checkpoint_ref", ref)
+		}
+		o.emit(EventResourceInitialized, init)
+	}
+
+	// Copied checkpoints, by key in registration order, then covered_seq;
+	// when two rows of a key map to one position the later one is kept.
+	position := map[string]int{}
+	for i, r := range p.resources {
+		position[r.Key] = i
+	}
+	rows := append([]*store.Checkpoint{}, p.checkpoints...)
+	sort.SliceStable(rows, func(i, j int) bool {
+		if position[rows[i].Key] != position[rows[j].Key] {
+			return position[rows[i].Key] < position[rows[j].Key]
+		}
+		return rows[i].CoveredSeq < rows[j].CoveredSeq
+	})
+	var mapped []*store.Checkpoint
+	for _, row := range rows {
+		m := &store.Checkpoint{ExecutionID: e.ID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
+			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
+		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= p.at {
+			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
+		}
+		if n := len(mapped); n > 0 && mapped[n-1].Key == m.Key && mapped[n-1].CoveredSeq == m.CoveredSeq {
+			mapped[n-1] = m
+			continue
+		}
+		mapped = append(mapped, m)
+	}
+	for _, m := range mapped {
+		if err := o.tx.InsertCheckpoint(o.ctx, m); err != nil {
+			return nil, fmt.Errorf("copy checkpoint: %w", err)
+		}
+		ev := (&jsonx.Object{}).String("key", m.Key).Int("generation", m.Generation).
+			String("checkpoint_ref", m.CheckpointRef).Int("covered_seq", m.CoveredSeq)
+		if m.InvalidatedSeq != 0 {
+			ev.Int("invalidated_seq", m.InvalidatedSeq)
+		}
+		o.emit(EventResourceCheckpointed, ev)
+	}
+
+	started := (&jsonx.Object{}).String("execution_id", e.ID).String("status", wire.ExecRunning)
+	if !e.DeadlineAt.IsZero() {
+		started.String("deadline_at", wire.FormatTime(e.DeadlineAt))
+	}
+	o.emit(wire.EventExecutionStarted, started)
+	e.Status = wire.ExecRunning
+	if err := o.enqueueDispatch(); err != nil {
+		return nil, err
+	}
+	// Only the fork's own events count against its limits: the copies were
+	// counted in the source (§23.4), and emit counted nothing else.
+	return e, nil
+}
+
+// rewriteStepID replaces a payload's step_id by the copy's id; every other
+// member is kept byte for byte.
+func rewriteStepID(payload []byte, ids map[string]string) ([]byte, error) {
+	v, err := jsonx.Parse(payload, wire.MaxNesting)
+	if err != nil {
+		return nil, err
+	}
+	id := stringField(v, "step_id")
+	if id == "" || ids[id] == "" {
+		return payload, nil
+	}
+	o := &jsonx.Object{}
+	for _, m := range v.Members {
+		if m.Key == "step_id" {
+			o.String("step_id", ids[id])
+			continue
+		}
+		o.Raw(m.Key, m.Value.Raw)
+	}
+	return o.Bytes(), nil
+}
+
+// ListForks pages the direct forks of an execution, newest first (§5.3).
+func (k *Kernel) ListForks(ctx context.Context, c Caller, id string, f store.ExecutionFilter) (*ListResult, error) {
+	if _, err := k.GetExecution(ctx, c, id); err != nil {
+		return nil, err
+	}
+	f.AgentID, f.Status, f.ForkedFrom = "", "", id
+	return k.ListExecutions(ctx, f)
+}
