@@ -68,7 +68,7 @@ CREATE TABLE steps (
   occurrence INTEGER NOT NULL,
   status TEXT NOT NULL,
   idempotency TEXT NOT NULL,
-  args BLOB NOT NULL,
+  args BLOB,
   result BLOB,
   error BLOB,
   error_reason TEXT NOT NULL DEFAULT '',
