@@ -29,20 +29,7 @@ func scanApproval(s scanner) (*store.Approval, error) {
 }
 
 func (q *Queries) approvals(ctx context.Context, query string, args ...any) ([]*store.Approval, error) {
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Approval{}
-	for rows.Next() {
-		a, err := scanApproval(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanApproval, query, args...)
 }
 
 func (q *Queries) Approval(ctx context.Context, id string) (*store.Approval, error) {
@@ -77,21 +64,12 @@ func (q *Queries) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]
 }
 
 func (q *Queries) ExpiredApprovals(ctx context.Context, now time.Time, limit int) ([]store.ApprovalRef, error) {
-	rows, err := q.query(ctx, `SELECT id, execution_id FROM approvals WHERE status = 'pending' AND timeout_at <= ?
- ORDER BY timeout_at LIMIT ?`, ts(now), limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []store.ApprovalRef{}
-	for rows.Next() {
+	return list(ctx, q, func(s scanner) (store.ApprovalRef, error) {
 		var r store.ApprovalRef
-		if err := rows.Scan(&r.ID, &r.ExecutionID); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		err := s.Scan(&r.ID, &r.ExecutionID)
+		return r, err
+	}, `SELECT id, execution_id FROM approvals WHERE status = 'pending' AND timeout_at <= ?
+ ORDER BY timeout_at LIMIT ?`, ts(now), limit)
 }
 
 func (q *Queries) NextApprovalTimeout(ctx context.Context) (time.Time, error) {

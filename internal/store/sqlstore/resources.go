@@ -28,20 +28,7 @@ func boolInt(b bool) int {
 }
 
 func (q *Queries) Resources(ctx context.Context, executionID string) ([]*store.Resource, error) {
-	rows, err := q.query(ctx, `SELECT `+resourceCols+` FROM resources WHERE execution_id = ? ORDER BY position`, executionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Resource{}
-	for rows.Next() {
-		r, err := scanResource(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanResource, `SELECT `+resourceCols+` FROM resources WHERE execution_id = ? ORDER BY position`, executionID)
 }
 
 func (q *Queries) Resource(ctx context.Context, executionID, key string) (*store.Resource, error) {
@@ -69,20 +56,7 @@ func scanCheckpoint(s scanner) (*store.Checkpoint, error) {
 }
 
 func (q *Queries) Checkpoints(ctx context.Context, executionID string) ([]*store.Checkpoint, error) {
-	rows, err := q.query(ctx, `SELECT `+checkpointCols+` FROM checkpoints WHERE execution_id = ? ORDER BY key, covered_seq`, executionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Checkpoint{}
-	for rows.Next() {
-		c, err := scanCheckpoint(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanCheckpoint, `SELECT `+checkpointCols+` FROM checkpoints WHERE execution_id = ? ORDER BY key, covered_seq`, executionID)
 }
 
 func (q *Queries) CheckpointAt(ctx context.Context, executionID, key string, seq int64) (*store.Checkpoint, error) {
@@ -105,18 +79,5 @@ func (t *Tx) InvalidateCheckpoints(ctx context.Context, executionID, key string,
 }
 
 func (q *Queries) ExecutingSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
-	rows, err := q.query(ctx, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status = 'executing' ORDER BY s.step_order`, executionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Step{}
-	for rows.Next() {
-		st, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, st)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanStep, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status = 'executing' ORDER BY s.step_order`, executionID)
 }

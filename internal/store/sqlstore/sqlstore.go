@@ -81,6 +81,25 @@ func (q *Queries) row(ctx context.Context, query string, args ...any) *sql.Row {
 	return q.Q.QueryRowContext(ctx, q.D.Rebind(query), args...)
 }
 
+// list runs a query and scans each row; the answer is [] rather than nil
+// when there are none.
+func list[T any](ctx context.Context, q *Queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
 // Times are stored as Unix microseconds; 0 means unset.
 func ts(t time.Time) int64 {
 	if t.IsZero() {
@@ -182,20 +201,7 @@ func (q *Queries) ListExecutions(ctx context.Context, f store.ExecutionFilter) (
 	}
 	query += " ORDER BY id DESC LIMIT ?"
 	args = append(args, f.Limit)
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Execution{}
-	for rows.Next() {
-		e, err := scanExecution(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanExecution, query, args...)
 }
 
 func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
@@ -252,20 +258,11 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 }
 
 func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string, error) {
-	rows, err := q.query(ctx, `SELECT DISTINCT body_execution_id, body_step_id FROM steps WHERE execution_id = ? AND body_execution_id <> ''`, executionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := [][2]string{}
-	for rows.Next() {
+	return list(ctx, q, func(s scanner) ([2]string, error) {
 		var r [2]string
-		if err := rows.Scan(&r[0], &r[1]); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		err := s.Scan(&r[0], &r[1])
+		return r, err
+	}, `SELECT DISTINCT body_execution_id, body_step_id FROM steps WHERE execution_id = ? AND body_execution_id <> ''`, executionID)
 }
 
 // ---- events ----
@@ -296,23 +293,14 @@ func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 }
 
 func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*store.Event, error) {
-	rows, err := q.query(ctx, `SELECT event_seq, type, payload, occurred_at FROM events
- WHERE execution_id = ? AND event_seq > ? ORDER BY event_seq LIMIT ?`, executionID, afterSeq, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Event{}
-	for rows.Next() {
+	return list(ctx, q, func(s scanner) (*store.Event, error) {
 		ev := &store.Event{ExecutionID: executionID}
 		var at int64
-		if err := rows.Scan(&ev.Seq, &ev.Type, &ev.Payload, &at); err != nil {
-			return nil, err
-		}
+		err := s.Scan(&ev.Seq, &ev.Type, &ev.Payload, &at)
 		ev.OccurredAt = fromTS(at)
-		out = append(out, ev)
-	}
-	return out, rows.Err()
+		return ev, err
+	}, `SELECT event_seq, type, payload, occurred_at FROM events
+ WHERE execution_id = ? AND event_seq > ? ORDER BY event_seq LIMIT ?`, executionID, afterSeq, limit)
 }
 
 // ---- steps ----
@@ -366,40 +354,14 @@ func (q *Queries) Steps(ctx context.Context, executionID string, statuses []stri
 	}
 	query += " ORDER BY s.step_order LIMIT ?"
 	args = append(args, limit)
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Step{}
-	for rows.Next() {
-		s, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanStep, query, args...)
 }
 
 func (q *Queries) OpenSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
 	// Only a terminal transition asks, once per execution, so the scan of the
 	// execution's steps in recording order costs less than an index that
 	// every step would have to maintain twice.
-	rows, err := q.query(ctx, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status IN ('allowed','executing') ORDER BY s.step_order`, executionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Step{}
-	for rows.Next() {
-		s, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanStep, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status IN ('allowed','executing') ORDER BY s.step_order`, executionID)
 }
 
 func (q *Queries) MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (int64, bool, error) {
@@ -477,20 +439,11 @@ func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, n
 }
 
 func (q *Queries) dispatchRefs(ctx context.Context, query string, args ...any) ([]store.DispatchRef, error) {
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []store.DispatchRef{}
-	for rows.Next() {
+	return list(ctx, q, func(s scanner) (store.DispatchRef, error) {
 		var r store.DispatchRef
-		if err := rows.Scan(&r.ID, &r.ExecutionID); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		err := s.Scan(&r.ID, &r.ExecutionID)
+		return r, err
+	}, query, args...)
 }
 
 func (q *Queries) DueDispatches(ctx context.Context, now time.Time, limit int) ([]store.DispatchRef, error) {
@@ -575,20 +528,7 @@ func (q *Queries) Agent(ctx context.Context, id string) (*store.Agent, error) {
 }
 
 func (q *Queries) ListAgents(ctx context.Context) ([]*store.Agent, error) {
-	rows, err := q.query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []*store.Agent{}
-	for rows.Next() {
-		a, err := scanAgent(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return list(ctx, q, scanAgent, `SELECT `+agentCols+` FROM agents ORDER BY id`)
 }
 
 func (q *Queries) AgentHasLiveExecutions(ctx context.Context, agentID string) (bool, error) {
@@ -670,20 +610,11 @@ func (t *Tx) DeleteIdempotencyBefore(ctx context.Context, before time.Time) erro
 // ---- deadlines and retention ----
 
 func (q *Queries) stringCol(ctx context.Context, query string, args ...any) ([]string, error) {
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []string{}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
+	return list(ctx, q, func(s scanner) (string, error) {
+		var v string
+		err := s.Scan(&v)
+		return v, err
+	}, query, args...)
 }
 
 func (q *Queries) DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
