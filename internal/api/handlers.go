@@ -346,6 +346,38 @@ func handlePrevious(c *call) error {
 
 // ---- agent routes ----
 
+// agentWrite is what every agent write carries, read in the order of §3.6:
+// the execution in the path, the step when the route names one, the
+// dispatch headers, and the JSON body with its known fields (none read when
+// the route takes no body).
+type agentWrite struct {
+	id, stepID string
+	h          kernel.DispatchHeaders
+	f          *fields
+}
+
+func (c *call) agentWrite(withStep bool, known ...string) (*agentWrite, error) {
+	w := &agentWrite{}
+	var err error
+	if w.id, err = c.executionID(); err != nil {
+		return nil, err
+	}
+	if withStep {
+		if w.stepID, err = c.stepID(); err != nil {
+			return nil, err
+		}
+	}
+	if w.h, err = c.dispatchHeaders(); err != nil {
+		return nil, err
+	}
+	if len(known) > 0 {
+		if w.f, err = parseBody(c.body, known...); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
 func handleSubmit(c *call) error {
 	id, err := c.executionID()
 	if err != nil {
@@ -399,28 +431,16 @@ func handleOutcome(succeeded bool) func(*call) error {
 		field = "result"
 	}
 	return func(c *call) error {
-		id, err := c.executionID()
+		w, err := c.agentWrite(true, field, "captures", "capture_failures")
 		if err != nil {
 			return err
 		}
-		stepID, err := c.stepID()
+		caps, err := parseCaptures(w.f)
 		if err != nil {
 			return err
 		}
-		h, err := c.dispatchHeaders()
-		if err != nil {
-			return err
-		}
-		f, err := parseBody(c.body, field, "captures", "capture_failures")
-		if err != nil {
-			return err
-		}
-		caps, err := parseCaptures(f)
-		if err != nil {
-			return err
-		}
-		dec, err := c.s.k.RecordOutcome(c.ctx(), c.caller, id, stepID, h,
-			kernel.OutcomeRequest{Succeeded: succeeded, Value: f.raw(field), Captures: caps})
+		dec, err := c.s.k.RecordOutcome(c.ctx(), c.caller, w.id, w.stepID, w.h,
+			kernel.OutcomeRequest{Succeeded: succeeded, Value: w.f.raw(field), Captures: caps})
 		if err != nil {
 			return err
 		}
@@ -430,22 +450,11 @@ func handleOutcome(succeeded bool) func(*call) error {
 }
 
 func handleDelta(c *call) error {
-	id, err := c.executionID()
+	w, err := c.agentWrite(true, "seq", "data")
 	if err != nil {
 		return err
 	}
-	stepID, err := c.stepID()
-	if err != nil {
-		return err
-	}
-	h, err := c.dispatchHeaders()
-	if err != nil {
-		return err
-	}
-	f, err := parseBody(c.body, "seq", "data")
-	if err != nil {
-		return err
-	}
+	f := w.f
 	seq, hasSeq := f.integer("seq", 0, 1<<63-1)
 	data := f.str("data")
 	if f.err != nil {
@@ -457,7 +466,7 @@ func handleDelta(c *call) error {
 	if v := f.get("data"); v == nil {
 		return invalid("data", "data is required")
 	}
-	if err := c.s.k.StreamDelta(c.ctx(), c.caller, id, stepID, h, seq, data); err != nil {
+	if err := c.s.k.StreamDelta(c.ctx(), c.caller, w.id, w.stepID, w.h, seq, data); err != nil {
 		return err
 	}
 	c.noContent()
@@ -468,15 +477,11 @@ func handleHeartbeat(c *call) error {
 	if len(c.body) > 0 {
 		return invalid("", "heartbeat body must be empty")
 	}
-	id, err := c.executionID()
+	w, err := c.agentWrite(false)
 	if err != nil {
 		return err
 	}
-	h, err := c.dispatchHeaders()
-	if err != nil {
-		return err
-	}
-	if err := c.s.k.Heartbeat(c.ctx(), c.caller, id, h); err != nil {
+	if err := c.s.k.Heartbeat(c.ctx(), c.caller, w.id, w.h); err != nil {
 		return err
 	}
 	c.noContent()
@@ -484,19 +489,12 @@ func handleHeartbeat(c *call) error {
 }
 
 func handleComplete(c *call) error {
-	id, err := c.executionID()
+	w, err := c.agentWrite(false, "output", "state")
 	if err != nil {
 		return err
 	}
-	h, err := c.dispatchHeaders()
-	if err != nil {
-		return err
-	}
-	f, err := parseBody(c.body, "output", "state")
-	if err != nil {
-		return err
-	}
-	if err := c.s.k.CompleteExecution(c.ctx(), c.caller, id, h, kernel.CompleteRequest{Output: f.raw("output"), State: f.raw("state")}); err != nil {
+	r := kernel.CompleteRequest{Output: w.f.raw("output"), State: w.f.raw("state")}
+	if err := c.s.k.CompleteExecution(c.ctx(), c.caller, w.id, w.h, r); err != nil {
 		return err
 	}
 	c.noContent()
@@ -504,23 +502,15 @@ func handleComplete(c *call) error {
 }
 
 func handleFail(c *call) error {
-	id, err := c.executionID()
+	w, err := c.agentWrite(false, "error")
 	if err != nil {
 		return err
 	}
-	h, err := c.dispatchHeaders()
-	if err != nil {
-		return err
+	reason := w.f.str("error")
+	if w.f.err != nil {
+		return w.f.err
 	}
-	f, err := parseBody(c.body, "error")
-	if err != nil {
-		return err
-	}
-	reason := f.str("error")
-	if f.err != nil {
-		return f.err
-	}
-	if err := c.s.k.FailExecution(c.ctx(), c.caller, id, h, reason); err != nil {
+	if err := c.s.k.FailExecution(c.ctx(), c.caller, w.id, w.h, reason); err != nil {
 		return err
 	}
 	c.noContent()

@@ -7,7 +7,6 @@ import (
 	"github.com/rebuno/rebuno/internal/jsonx"
 	"github.com/rebuno/rebuno/internal/kernel"
 	"github.com/rebuno/rebuno/internal/store"
-	"github.com/rebuno/rebuno/internal/wire"
 )
 
 // parseCaptures reads the capture lists of a step outcome or a publish
@@ -87,18 +86,11 @@ func canonical(v *jsonx.Value) []byte {
 }
 
 func handleRegisterResource(c *call) error {
-	id, err := c.executionID()
+	w, err := c.agentWrite(false, "key", "driver_id", "configuration", "coverage_reuse", "every_steps", "on_completion")
 	if err != nil {
 		return err
 	}
-	h, err := c.dispatchHeaders()
-	if err != nil {
-		return err
-	}
-	f, err := parseBody(c.body, "key", "driver_id", "configuration", "coverage_reuse", "every_steps", "on_completion")
-	if err != nil {
-		return err
-	}
+	f := w.f
 	r := kernel.RegisterRequest{Key: f.str("key"), DriverID: f.str("driver_id"), Configuration: canonical(f.value("configuration")),
 		CoverageReuse: f.boolean("coverage_reuse"), OnCompletion: f.boolean("on_completion")}
 	r.EverySteps, _ = f.integer("every_steps", 0, kernel.MaxEverySteps)
@@ -111,7 +103,7 @@ func handleRegisterResource(c *call) error {
 	if f.get("driver_id") == nil {
 		return invalid("driver_id", "driver_id is required")
 	}
-	view, err := c.s.k.RegisterResource(c.ctx(), c.caller, id, h, r)
+	view, err := c.s.k.RegisterResource(c.ctx(), c.caller, w.id, w.h, r)
 	if err != nil {
 		return err
 	}
@@ -144,23 +136,15 @@ func handleBind(c *call) error {
 }
 
 func handlePublish(c *call) error {
-	id, err := c.executionID()
+	w, err := c.agentWrite(false, "captures", "capture_failures")
 	if err != nil {
 		return err
 	}
-	h, err := c.dispatchHeaders()
+	caps, err := parseCaptures(w.f)
 	if err != nil {
 		return err
 	}
-	f, err := parseBody(c.body, "captures", "capture_failures")
-	if err != nil {
-		return err
-	}
-	caps, err := parseCaptures(f)
-	if err != nil {
-		return err
-	}
-	if err := c.s.k.PublishCheckpoints(c.ctx(), c.caller, id, h, caps); err != nil {
+	if err := c.s.k.PublishCheckpoints(c.ctx(), c.caller, w.id, w.h, caps); err != nil {
 		return err
 	}
 	c.noContent()
@@ -324,5 +308,3 @@ func rawArray(items [][]byte) []byte {
 	}
 	return append(b, ']')
 }
-
-var _ = wire.MaxNesting

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"net/http"
 	"sort"
 	"strings"
 )
@@ -97,5 +96,3 @@ func allowHeader(methods []string) string {
 	}
 	return strings.Join(out, ", ")
 }
-
-var _ = http.MethodGet

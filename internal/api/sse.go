@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/jsonx"
@@ -209,5 +208,3 @@ func handleDeltaStream(c *call) error {
 		}
 	}
 }
-
-var _ = strconv.Itoa
