@@ -87,7 +87,7 @@ func TestTimelineLines(t *testing.T) {
 	tl.Event(ev(8, "step.denied", `{"step_id":"s2","step_type":"tool_call","target":"rm","rule_id":"r9","error":{"reason":"no"}}`, t0.Add(3*time.Second)))
 	tl.Event(ev(9, "approval.granted", `{"approval_id":"01a237ae-7cb5-73f2-81a0-1bce14b3cad6","decided_by":"alice","rationale":"ok"}`, t0.Add(4*time.Second)))
 	tl.Event(ev(10, "execution.failed", `{"reason":"dispatch_exhausted"}`, t0.Add(65*time.Second)))
-	tl.Event(ev(11, "resource.bound", `{"key":"ws"}`, t0.Add(65*time.Second)))
+	tl.Event(ev(11, "resource.bound", `{"key":"ws","binding":{"dir":"/w"}}`, t0.Add(65*time.Second)))
 	tl.Event(ev(12, "something.new", `{"x":1}`, t0.Add(65*time.Second)))
 	want := []string{
 		"   1       +0s  ● execution.created       agent researcher",
@@ -100,7 +100,7 @@ func TestTimelineLines(t *testing.T) {
 		"   8       +3s  ⊘ step.denied             tool_call rm  no  rule r9",
 		`   9       +4s  ✔ approval.granted        approval 14b3cad6  by alice  "ok"`,
 		"  10    +1m05s  ✘ execution.failed        dispatch_exhausted",
-		`  11    +1m05s  ◆ resource.bound          key ws  {"key":"ws"}`,
+		`  11    +1m05s  ◆ resource.bound          ws  binding {"dir":"/w"}`,
 		`  12    +1m05s  · something.new           {"x":1}`,
 	}
 	got := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")

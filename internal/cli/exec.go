@@ -257,9 +257,7 @@ func (a *App) printExecution(e *Execution) {
 		row("deadline", a.when(*e.DeadlineAt))
 	}
 	row("parent", e.Parent)
-	if e.ForkedFrom != "" {
-		row("forked from", fmt.Sprintf("%s at event %d", e.ForkedFrom, derefInt(e.ForkSeq)))
-	}
+	a.lineageRows(e, row) // fork.go
 	row("idempotency", e.Idempotency)
 	row("on behalf of", e.OnBehalfOf)
 	if len(e.ResourceKeys) > 0 {

@@ -22,6 +22,7 @@ type Execution struct {
 	OnBehalfOf    string          `json:"on_behalf_of"`
 	ForkedFrom    string          `json:"forked_from"`
 	ForkSeq       *int64          `json:"fork_seq"`
+	Restoration   json.RawMessage `json:"restoration"`
 	ResourceKeys  []string        `json:"resource_keys"`
 }
 

@@ -166,7 +166,7 @@ func (t *Timeline) describe(ev Event, p payload) (string, func(string) string, s
 			labeled(st, "deadline", p.str("deadline_at")))
 		return "●", info, join()
 	case "execution.forked":
-		add(dim("from")+" "+p.str("source_execution_id"), labeled(st, "at seq", fmt.Sprint(p.int("fork_seq"))))
+		add(t.describeForked(p)) // resources_timeline.go
 		return "⑂", mark, join()
 	case "execution.started":
 		return "▶", info, ""
@@ -203,6 +203,7 @@ func (t *Timeline) describe(ev Event, p payload) (string, func(string) string, s
 	case "step.executing":
 		t.executing[stepID] = ev.OccurredAt
 		add(t.stepLabel(p))
+		add(t.stepResources(p)...)
 		if p.bool("retry") {
 			add(warn("re-run: its earlier run never reported an outcome"))
 			return "↻", warn, join()
@@ -284,8 +285,7 @@ func (t *Timeline) describe(ev Event, p payload) (string, func(string) string, s
 		return "⚠", warn, p.str("status")
 	}
 	if strings.HasPrefix(ev.Type, "resource.") {
-		add(labeled(st, "key", p.str("key")), dim(CompactJSON(ev.Payload)))
-		return "◆", mark, join()
+		return t.describeResource(ev, p) // resources_timeline.go
 	}
 	return "·", plain, dim(CompactJSON(ev.Payload))
 }

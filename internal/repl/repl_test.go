@@ -68,10 +68,11 @@ func TestCompletion(t *testing.T) {
 	for line, want := range map[string][]string{
 		"ex":                  {"exec ", "execution ", "executions ", "exit "},
 		"exec w":              {"watch "},
-		"exec ":               {"cancel ", "create ", "events ", "get ", "list ", "ls ", "watch "},
+		"exec ":               {"cancel ", "coverage ", "create ", "events ", "fork ", "forks ", "get ", "list ", "ls ", "watch "},
 		"agent r":             {"rm "},
 		"exec get ":           {"14b3cad6 ", "99999999 "},
 		"exec watch 9":        {"99999999 "},
+		"exec coverage 1":     {"14b3cad6 "},
 		"exec cancel --json ": {"14b3cad6 ", "99999999 "},
 		"exec create r":       {"researcher "},
 		"agents get c":        {"coder "},
