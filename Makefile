@@ -7,7 +7,7 @@ BIN := bin
 PYTHON ?= python3
 COMPAT_VENV := tests/compat/.venv
 
-.PHONY: all build build-test test test-go test-compat test-sdk bench bench-long demo fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk test-upgrade bench bench-long demo demo-go fuzz clean
 
 all: build
 
@@ -18,10 +18,11 @@ build:
 build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
-## test: every test — Go unit, store contract, black-box and the published-client compatibility suite.
-test: test-go test-compat test-sdk
+## test: every test — Go unit, store contract, black-box, the published-client compatibility suite,
+## the Python SDK and the upgrade path from the published client to it.
+test: test-go test-compat test-sdk test-upgrade
 
-test-go: build build-test demo
+test-go: build build-test demo demo-go
 	$(GO) vet ./...
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(GO) test -count=1 ./...
 
@@ -47,17 +48,29 @@ test-sdk: build-test $(SDK_VENV)/.installed
 	cd $(SDK_PY) && .venv/bin/mypy
 	cd $(SDK_PY) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test .venv/bin/python -m pytest -q
 
-## bench: the load generator of bench/ over real HTTP (PROTOCOL §29).
-bench: build
+## test-upgrade: an execution begun by an agent on the published rebuno==0.29.2 is killed and
+## finished by the same agent on this project's SDK. Needs both venvs: pytest runs in the
+## compatibility venv and starts each agent with its own venv's python.
+test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
+	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/upgrade
+
+## bench: the load generator of bench/ over real HTTP (PROTOCOL §29), then the Python SDK's
+## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback).
+bench: build $(SDK_VENV)/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
+	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -long
 
-## demo: a kernel, an example agent, a crash and a replay, in under a minute.
-demo: build
+## demo: a kernel, the Python example agent (examples/python/demo), a crash and a replay, in under a minute.
+demo: build $(SDK_VENV)/.installed
+	$(GO) run ./examples/demo -kernel $(BIN)/rebuno -python $(SDK_VENV)/bin/python -script examples/python/demo/agent.py
+
+## demo-go: the same story with the raw-HTTP Go agent (examples/go-agent), no SDK.
+demo-go: build
 	$(GO) build -o $(BIN)/demo-agent ./examples/go-agent
 	$(GO) run ./examples/demo -kernel $(BIN)/rebuno -agent $(BIN)/demo-agent
 

@@ -1,8 +1,12 @@
 // Command demo tells Rebuno's story in under a minute: it starts a kernel on a
-// throwaway SQLite file and the raw-HTTP example agent, runs an execution,
-// kills the agent with SIGKILL in the middle, starts it again, and shows the
-// recorded steps replaying instead of running twice. It cleans up after
-// itself. `make demo` builds the binaries and runs it.
+// throwaway SQLite file and an example agent, runs an execution, kills the
+// agent with SIGKILL in the middle, starts it again, and shows the recorded
+// steps replaying instead of running twice. It cleans up after itself.
+//
+// `make demo` runs the Python agent written with the SDK
+// (examples/python/demo/agent.py, with -python and -script); `make demo-go`
+// runs the raw-HTTP Go agent (examples/go-agent, with -agent). Both tell the
+// same story: web_search, three fetch_page calls and a local summarize step.
 package main
 
 import (
@@ -28,15 +32,52 @@ import (
 
 func main() {
 	kernelBin := flag.String("kernel", "bin/rebuno", "rebuno binary")
-	agentBin := flag.String("agent", "bin/demo-agent", "example agent binary")
+	agentBin := flag.String("agent", "bin/demo-agent", "the Go example agent's binary (when -python is not given)")
+	python := flag.String("python", "", "a Python interpreter with the SDK installed: run the Python agent instead")
+	script := flag.String("script", "examples/python/demo/agent.py", "the Python agent's script (with -python)")
 	flag.Parse()
 	log.SetFlags(0)
-	if err := run(*kernelBin, *agentBin); err != nil {
+	agent := goAgent(*agentBin)
+	if *python != "" {
+		agent = pythonAgent(*python, *script)
+	}
+	if err := run(*kernelBin, agent); err != nil {
 		log.Fatalf("demo failed: %v", err)
 	}
 }
 
-func run(kernelBin, agentBin string) error {
+// exampleAgent says how to start one of the example agents.
+type exampleAgent struct {
+	about   string
+	command func(kernelURL, listen, id, secret string) *exec.Cmd
+	// ready bounds the wait for the webhook port: an interpreter takes
+	// longer to start than a Go binary.
+	ready time.Duration
+}
+
+func goAgent(bin string) exampleAgent {
+	return exampleAgent{
+		about: "the Go example agent (examples/go-agent: raw HTTP, v1 signatures, no SDK)",
+		command: func(kernelURL, listen, id, secret string) *exec.Cmd {
+			return exec.Command(bin, "-kernel", kernelURL, "-listen", listen, "-id", id, "-secret", secret)
+		},
+		ready: 5 * time.Second,
+	}
+}
+
+func pythonAgent(python, script string) exampleAgent {
+	return exampleAgent{
+		about: fmt.Sprintf("the Python example agent (%s: @tool, step(), the Python SDK)", script),
+		command: func(kernelURL, listen, id, secret string) *exec.Cmd {
+			cmd := exec.Command(python, script, "--kernel", kernelURL, "--listen", listen, "--id", id, "--secret", secret)
+			cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
+			return cmd
+		},
+		ready: 30 * time.Second,
+	}
+}
+
+func run(kernelBin string, example exampleAgent) error {
 	dir, err := os.MkdirTemp("", "rebuno-demo-")
 	if err != nil {
 		return err
@@ -68,14 +109,14 @@ func run(kernelBin, agentBin string) error {
 		return err
 	}
 	startAgent := func() (*exec.Cmd, error) {
-		cmd := exec.Command(agentBin, "-kernel", kernelURL, "-listen", agentAddr, "-id", "researcher", "-secret", secret)
+		cmd := example.command(kernelURL, agentAddr, "researcher", secret)
 		cmd.Stdout, cmd.Stderr = agentLog, agentLog
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		return cmd, waitListening(agentAddr)
+		return cmd, waitListening(agentAddr, example.ready)
 	}
-	say("Starting the example agent (examples/go-agent: raw HTTP, v1 signatures, no SDK)")
+	say("Starting %s", example.about)
 	agent, err := startAgent()
 	if err != nil {
 		return fmt.Errorf("start agent: %w", err)
@@ -207,15 +248,14 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func waitListening(addr string) error {
-	for i := 0; i < 200; i++ {
+func waitListening(addr string, within time.Duration) error {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(25 * time.Millisecond) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
 			return nil
 		}
-		time.Sleep(25 * time.Millisecond)
 	}
-	return fmt.Errorf("agent did not listen on %s", addr)
+	return fmt.Errorf("agent did not listen on %s within %s", addr, within)
 }
 
 func post(url, body string, want int) ([]byte, error) {
