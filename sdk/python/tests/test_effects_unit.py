@@ -96,7 +96,7 @@ async def test_outside_execution_raises() -> None:
 async def test_proceed_records_and_replays(kernel: FakeKernel) -> None:
     calls: list[str] = []
 
-    @tool("read", resources=["ws", "ws", "other"])
+    @tool("read")
     async def read(path: str, encoding: str = "utf-8") -> dict[str, Any]:
         calls.append(path)
         return {"path": path, "pair": (1, 2)}
@@ -106,7 +106,7 @@ async def test_proceed_records_and_replays(kernel: FakeKernel) -> None:
     assert first == ("ok", {"path": "/tmp", "pair": [1, 2]})  # the live value is the recorded JSON
     body = submit_bodies(kernel)[0]
     assert body == {"kind": "tool_call", "target": "read", "args": {"encoding": "utf-8", "path": "/tmp"},
-                    "idempotency": "safe_to_retry", "resources": ["ws", "other"]}
+                    "idempotency": "safe_to_retry", "resources": []}
     # Same step again in a new dispatch: replayed, the body does not run.
     second = await in_handler(kernel, lambda: read("/tmp"), eid)
     assert second == first and calls == ["/tmp"]

@@ -40,9 +40,11 @@ from .errors import (
 )
 from .execution import ExecutionContext, execution
 from .http_client import RebunoTransport, http_client
+from .resources import CheckpointPolicy, ResourceDriver, resource
 from .step import step
 from .tool import tool, wrap_tool
-from .types import AgentInfo, Approval, Decision, Event, Execution, ExecutionPage, Step, StreamDelta
+from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Decision, Event, Execution, ExecutionPage,
+                    Resource, ResourceCoverage, ResourceRanges, Step, StreamDelta)
 
 __version__ = "0.1.0"
 
@@ -54,6 +56,9 @@ __all__ = [
     "step",
     "http_client",
     "RebunoTransport",
+    "resource",
+    "CheckpointPolicy",
+    "ResourceDriver",
     "execution",
     "ExecutionContext",
     "raise_for_refusal",
@@ -84,5 +89,10 @@ __all__ = [
     "AgentInfo",
     "Decision",
     "StreamDelta",
+    "Resource",
+    "ResourceCoverage",
+    "ResourceRanges",
+    "CoveragePoint",
+    "CoverageRanges",
     "__version__",
 ]

@@ -22,12 +22,12 @@ import asyncio
 import inspect
 import json
 import logging
-import re
 from typing import Any, Awaitable, Callable, Sequence
 
 from .errors import Blocked, PolicyError, RateLimited, Terminated, ToolError
 from .execution import ExecutionContext, _step, require_context
 from .identity import canonical_json
+from .resources import StepGuard, valid_resource_key
 from .types import Decision
 
 log = logging.getLogger("rebuno")
@@ -35,7 +35,6 @@ log = logging.getLogger("rebuno")
 __all__ = ["run_effect", "encode_result", "error_message", "validate_resources", "validate_idempotency"]
 
 CANCELLED_ERROR = '{"message":"cancelled after start","type":"cancelled"}'
-_RESOURCE_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def validate_idempotency(idempotency: str) -> str:
@@ -54,7 +53,7 @@ def validate_resources(resources: Sequence[str] | None) -> list[str]:
         raise ValueError("resources must be a list of resource keys, not a string")
     out: list[str] = []
     for key in resources:
-        if not isinstance(key, str) or _RESOURCE_KEY.fullmatch(key) is None or key in (".", ".."):
+        if not valid_resource_key(key):
             raise ValueError(f"invalid resource key {key!r}: 1 to 128 characters from A-Z a-z 0-9 . _ -, "
                              "and neither '.' nor '..'")
         if key not in out:
@@ -134,12 +133,15 @@ def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> 
     raise ToolError(target, f"unexpected decision {d!r} from the kernel")
 
 
-async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str) -> Any:
-    """Record a step's outcome; return the outcome that stands (the kernel's
-    stored one when it answers `replay`)."""
+async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str,
+                 captures: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> Any:
+    """Record a step's outcome (with the captures taken after its body);
+    return the outcome that stands (the kernel's stored one when it answers
+    `replay`)."""
+    caps, failures = captures if captures is not None else ([], [])
     try:
         decision = await ctx.kernel.step_outcome(ctx.execution_id, step_id, ctx.lease, succeeded=succeeded,
-                                                 value_json=value_json)
+                                                 value_json=value_json, captures=caps, capture_failures=failures)
     except Terminated as t:
         raise ctx.terminated(t) from None
     if decision.decision == "recorded":
@@ -152,19 +154,34 @@ async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded:
 async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Awaitable[Any]], *,
                      idempotency: str = "safe_to_retry", resources: Sequence[str] = (),
                      what: str = "a tool") -> Any:
-    """Run one governed effect and return its (recorded or replayed) result."""
+    """Run one governed effect (a tool call or local step) and return its
+    (recorded or replayed) result.
+
+    While the execution has resources the whole call — submit, body, due
+    captures, outcome — holds the step lock, unless it is made from inside
+    another running body (RESOURCES-AND-FORKS.md §2.5)."""
     ctx = require_context(what)
-    decision = await ctx.submit(kind, target, canonical_json(args), idempotency, list(resources))
+    async with StepGuard(ctx, resources) as guard:
+        return await _run_locked(ctx, guard, kind, target, args, body, idempotency, what)
+
+
+async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target: str, args: Any,
+                      body: Callable[[], Awaitable[Any]], idempotency: str, what: str) -> Any:
+    decision = await ctx.submit(kind, target, canonical_json(args), idempotency, list(guard.declared))
     if decision.decision != "proceed":
         return decision_outcome(ctx, target, decision)
     step_id = decision.step_id or ""
+    guard.started(decision)
+    label = f"{what} ({step_id[:12]})"
     token = _step.set(step_id)
     try:
-        value = await body()
+        with guard.body():
+            value = await body()
     except asyncio.CancelledError:
         if not ctx.stopping and ctx.signal is None:
-            # The body alone was cancelled and the dispatch goes on: record it.
-            await asyncio.shield(_report_cancelled(ctx, target, step_id))
+            # The body alone was cancelled and the dispatch goes on: record it,
+            # with its due capture, shielded from the cancellation.
+            await asyncio.shield(_report_cancelled(ctx, target, step_id, guard, label))
         raise
     except (Blocked, Terminated):
         # A nested step met a signal: leave this step executing; it re-runs
@@ -173,7 +190,8 @@ async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Await
     except Exception as exc:
         if ctx.signal is not None:
             raise ctx.signal from exc
-        stored = await report(ctx, target, step_id, succeeded=False, value_json=_error_json(exc))
+        caps = await guard.captures(label)
+        stored = await report(ctx, target, step_id, succeeded=False, value_json=_error_json(exc), captures=caps)
         if isinstance(stored, Decision):
             return decision_outcome(ctx, target, stored)
         raise ToolError(target, str(exc), error={"message": str(exc), "type": type(exc).__name__},
@@ -184,18 +202,22 @@ async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Await
         text = encode_result(value)
     except (TypeError, ValueError) as exc:
         message = f"result is not JSON-serializable: {exc}"
+        caps = await guard.captures(label)
         await report(ctx, target, step_id, succeeded=False,
-                     value_json=json.dumps({"message": message, "type": "TypeError"}))
+                     value_json=json.dumps({"message": message, "type": "TypeError"}), captures=caps)
         raise ToolError(target, message, step_id=step_id) from exc
-    stored = await report(ctx, target, step_id, succeeded=True, value_json=text)
+    caps = await guard.captures(label)
+    stored = await report(ctx, target, step_id, succeeded=True, value_json=text, captures=caps)
     if isinstance(stored, Decision):
         return decision_outcome(ctx, target, stored)
     return json.loads(text)
 
 
-async def _report_cancelled(ctx: ExecutionContext, target: str, step_id: str) -> None:
+async def _report_cancelled(ctx: ExecutionContext, target: str, step_id: str, guard: StepGuard,
+                            label: str) -> None:
     try:
-        await report(ctx, target, step_id, succeeded=False, value_json=CANCELLED_ERROR)
+        caps = await guard.captures(label)
+        await report(ctx, target, step_id, succeeded=False, value_json=CANCELLED_ERROR, captures=caps)
     except Exception as exc:  # the cancellation propagates whatever happens here
         log.warning("rebuno: could not record the cancellation of step %s (%s): %s", target, step_id, exc)
 

@@ -22,7 +22,7 @@ import httpx2
 
 from .errors import APIError, Terminated, api_error
 from .signing import sign_v1
-from .types import Decision, Execution
+from .types import Decision, Execution, Resource
 
 __all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
 
@@ -209,9 +209,17 @@ class KernelClient:
         return decision
 
     async def step_outcome(self, execution_id: str, step_id: str, lease: Lease, *, succeeded: bool,
-                           value_json: str) -> Decision:
+                           value_json: str, captures: list[dict[str, Any]] | None = None,
+                           capture_failures: list[dict[str, Any]] | None = None) -> Decision:
+        """Record a step's outcome, with the captures taken after its body
+        (RESOURCES-AND-FORKS.md §2.6), which the kernel commits with it."""
         verb, field_name = ("complete", "result") if succeeded else ("fail", "error")
-        body = ('{"%s":' % field_name + value_json + "}").encode("utf-8")
+        text = '{"%s":' % field_name + value_json
+        if captures:
+            text += ',"captures":' + _compact(captures)
+        if capture_failures:
+            text += ',"capture_failures":' + _compact(capture_failures)
+        body = (text + "}").encode("utf-8")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/{verb}", body=body,
                                   lease=lease)
         if not resp.ok:
@@ -256,6 +264,43 @@ class KernelClient:
             raise api_error(resp.status, resp.body)
         return True
 
+    # ------------------------------------------------------ resources
+
+    async def register_resource(self, execution_id: str, lease: Lease, registration: dict[str, Any]) -> Resource:
+        """Register a resource key, or confirm an identical registration;
+        returns the resource view (RESOURCES-AND-FORKS.md §3.4). A `409
+        conflict` is raised as `ConflictError`."""
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/resources",
+                                  body=_compact(registration).encode("utf-8"), lease=lease)
+        self._resource_answer(resp, lease)
+        return Resource.model_validate(resp.json())
+
+    async def bind_resource(self, execution_id: str, lease: Lease, key: str, binding: Any) -> None:
+        """Record the binding of a resource created in this dispatch."""
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/resources/{key}/binding",
+                                  body=_compact({"binding": binding}).encode("utf-8"), lease=lease)
+        self._resource_answer(resp, lease)
+
+    async def publish_checkpoints(self, execution_id: str, lease: Lease, *, captures: list[dict[str, Any]],
+                                  capture_failures: list[dict[str, Any]]) -> None:
+        """Publish captures taken outside a step (baselines, completion)."""
+        payload: dict[str, Any] = {}
+        if captures:
+            payload["captures"] = captures
+        if capture_failures:
+            payload["capture_failures"] = capture_failures
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/resources/checkpoints",
+                                  body=_compact(payload).encode("utf-8"), lease=lease)
+        self._resource_answer(resp, lease)
+
+    @staticmethod
+    def _resource_answer(resp: KernelResponse, lease: Lease) -> None:
+        if resp.status == 409 and _code(resp.body) == "execution_terminal":
+            raise Terminated("execution_terminal")
+        if not resp.ok:
+            raise api_error(resp.status, resp.body)
+        lease.clock.renewed(resp.sent_at)
+
     async def put_metadata(self, *, description: str | None, input_schema: dict[str, Any] | None) -> None:
         payload: dict[str, Any] = {}
         if description:
@@ -266,6 +311,12 @@ class KernelClient:
         resp = await self.request("PUT", f"/v0/agents/{self.agent_id}/metadata", body=body)
         if not resp.ok:
             raise api_error(resp.status, resp.body)
+
+
+def _compact(value: Any) -> str:
+    """Compact JSON; ASCII-escaped, so that a lone surrogate in a driver's
+    message or binding cannot break the UTF-8 body."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
 def _code(body: bytes) -> str:

@@ -38,6 +38,7 @@ from ._kernel import KernelClient, Lease, LeaseClock
 from .errors import (APIError, Blocked, PolicyError, RateLimited, RebunoError, Terminated, ToolError,
                      raise_for_refusal)
 from .execution import ExecutionContext, _reset, _set
+from .resources import completion_captures
 from .signing import verify_webhook
 
 __all__ = ["Agent", "failure_reason", "DEFAULT_LEASE_TIMEOUT"]
@@ -297,6 +298,9 @@ class Agent:
             log.debug("rebuno: execution %s is %s; nothing to do", ctx.execution_id, execution.status)
             return
         ctx.input = execution.input
+        # Tool calls and local steps run one at a time from the start when the
+        # execution already has resources (RESOURCES-AND-FORKS.md §2.5).
+        ctx.resources.start(execution.resource_keys)
         try:
             kwargs = self._binding.bind(execution.input)
         except BindingError as e:
@@ -321,6 +325,11 @@ class Agent:
             return
         except ValueError:
             await self._finish(ctx, reason="output is not JSON-serializable: float")
+            return
+        # Completion captures of uncovered resources come before `complete`.
+        await completion_captures(ctx)
+        if ctx.signal is not None:
+            self._log_signal(ctx, ctx.signal)
             return
         await self._finish(ctx, output_json=text)
 

@@ -25,7 +25,8 @@ from typing import Any, AsyncIterator, Mapping
 import httpx2
 
 from .errors import ExecutionTerminalError, UnavailableError, api_error
-from .types import AgentInfo, Approval, Event, Execution, ExecutionPage, Step, StreamDelta, StreamEnd
+from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Event, Execution, ExecutionPage, Step,
+                    StreamDelta, StreamEnd)
 
 __all__ = ["Client"]
 
@@ -243,6 +244,37 @@ class Client:
 
     async def step(self, execution_id: str, step_id: str) -> Step:
         return Step.model_validate(await self._json("GET", f"/v0/executions/{execution_id}/steps/{step_id}"))
+
+    # ----------------------------------------------- coverage and forks
+
+    async def fork(self, execution_id: str, *, at_seq: int) -> Execution:
+        """Fork an execution at one of its events (RESOURCES-AND-FORKS.md §5).
+
+        The fork is a new execution of the same agent and input: the steps
+        finished at `at_seq` replay, and each resource is restored from the
+        checkpoint that covers the point, or the newest earlier one (see
+        `restoration` on the answer). A fresh `Idempotency-Key` is sent per
+        call and reused on retries, so a lost answer never forks twice.
+        """
+        key = uuid.uuid4().hex
+        return Execution.model_validate(await self._json(
+            "POST", f"/v0/executions/{execution_id}/fork", body={"at_seq": at_seq},
+            headers={"Idempotency-Key": key}))
+
+    async def coverage(self, execution_id: str, at_seq: int | None = None) -> CoveragePoint | CoverageRanges:
+        """Coverage at one event (`CoveragePoint`) with `at_seq`, else the
+        covered ranges of the whole log (`CoverageRanges`)."""
+        if at_seq is None:
+            return CoverageRanges.model_validate(await self._json("GET", f"/v0/executions/{execution_id}/coverage"))
+        return CoveragePoint.model_validate(await self._json(
+            "GET", f"/v0/executions/{execution_id}/coverage", params={"at_seq": at_seq}))
+
+    async def list_forks(self, execution_id: str, *, cursor: str | None = None,
+                         limit: int | None = None) -> ExecutionPage:
+        """One page of the execution's direct forks, newest first; pass
+        `next_cursor` back as `cursor`."""
+        return ExecutionPage.model_validate(await self._json(
+            "GET", f"/v0/executions/{execution_id}/forks", params={"cursor": cursor, "limit": limit}))
 
     # -------------------------------------------------------- approvals
 

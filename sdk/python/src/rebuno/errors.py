@@ -109,8 +109,13 @@ class Terminated(RebunoError):
 
 
 class CheckpointUnavailable(RebunoError):
-    """Raised by a resource driver when the checkpoint it was asked to restore
-    is missing or expired (resources are not available in this release)."""
+    """Raised by a resource driver's `create(checkpoint_ref)` when the
+    checkpoint it was asked to restore is missing, expired or damaged.
+
+    `resource()` then fails the execution at once with the reason
+    `checkpoint_unavailable: resource "<key>": <message>`, marks the dispatch
+    terminal and re-raises it; a fork whose checkpoint is gone ends `failed`.
+    """
 
 
 # ---------------------------------------------------------------------------

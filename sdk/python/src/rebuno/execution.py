@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from ._kernel import KernelClient, Lease
+from ._resource_state import ResourceState
 from .errors import Blocked, Terminated
 from .identity import args_hash
 from .types import Decision
@@ -53,6 +54,8 @@ class ExecutionContext:
         self.stopping = False
         self._counters: dict[_Identity, int] = {}
         self._tails: dict[_Identity, asyncio.Future[None]] = {}
+        # Resources opened in this dispatch, generations and the step lock.
+        self.resources = ResourceState()
 
     @property
     def step_id(self) -> str | None:
@@ -121,6 +124,9 @@ class ExecutionContext:
                 raise self.terminated(t) from None
             if decision.step_id is not None:
                 self._counters[key] = max(self._counters.get(key, 0), occurrence + 1)
+            if decision.resources:
+                # Every start answers with the generations it raised (§2.6).
+                self.resources.learn_entries(decision.resources)
         finally:
             self._release(key, prev, mine)
         if decision.decision == "execution_terminal":

@@ -23,6 +23,11 @@ __all__ = [
     "AgentInfo",
     "DecisionResource",
     "Decision",
+    "Resource",
+    "ResourceCoverage",
+    "CoveragePoint",
+    "ResourceRanges",
+    "CoverageRanges",
     "StreamDelta",
     "StreamEnd",
     "ExecutionStatus",
@@ -154,6 +159,67 @@ class Decision(Model):
         d.has_result = "result" in data
         d.has_error = "error" in data
         return d
+
+
+class Resource(Model):
+    """A resource of an execution: the view every register answers with
+    (RESOURCES-AND-FORKS.md §3.1). `checkpoint_ref` is the ref a fork's
+    resource is restored from (`""` for the initial environment); `covered`
+    is coverage at the current end of the log."""
+
+    key: str
+    driver_id: str
+    configuration: Any = None
+    coverage_reuse: bool = False
+    every_steps: int = 0
+    on_completion: bool = False
+    registered_seq: int = 0
+    generation: int = 0
+    binding: Any = None
+    checkpoint_ref: str = ""
+    covered: bool = False
+
+
+class ResourceCoverage(Model):
+    """One resource of a coverage point: `reason` is `covered`,
+    `no_checkpoint` or `step_started`; `checkpoint_ref`/`checkpoint_seq` name
+    the checkpoint a fork at this point restores (None when there is none)."""
+
+    key: str
+    covered: bool
+    reason: str = ""
+    checkpoint_ref: str | None = None
+    checkpoint_seq: int | None = None
+
+
+class CoveragePoint(Model):
+    """`Client.coverage(id, at_seq=N)`: coverage at one event. An empty
+    `resources` list means the point is vacuously covered."""
+
+    execution_id: str
+    at_seq: int
+    covered: bool
+    resources: list[ResourceCoverage] = Field(default_factory=list)
+
+
+class ResourceRanges(Model):
+    key: str
+    registered_seq: int = 0
+    covered_ranges: list[tuple[int, int]] = Field(default_factory=list)
+
+
+class CoverageRanges(Model):
+    """`Client.coverage(id)`: the covered ranges of the whole log, inclusive;
+    an open range ends at `last_event_seq`."""
+
+    execution_id: str
+    last_event_seq: int
+    covered_ranges: list[tuple[int, int]] = Field(default_factory=list)
+    resources: list[ResourceRanges] = Field(default_factory=list)
+
+    def covered(self, seq: int) -> bool:
+        """Whether the event `seq` is covered."""
+        return any(lo <= seq <= hi for lo, hi in self.covered_ranges)
 
 
 class StreamDelta(Model):

@@ -1,0 +1,393 @@
+"""`rebuno.drivers.LocalDirectory` (RESOURCES-AND-FORKS.md §6): the manifest
+golden vector, content-addressed snapshots, restores, damaged snapshots and
+the `files` API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebuno import CheckpointUnavailable
+from rebuno.drivers import LocalDirectory, LocalDirectoryHandle
+from rebuno.drivers.local_directory import manifest_bytes
+
+GOLDEN_REF = "sha256:9d29690a3728b02bd5eb99e24d545ad7a0cafc6cfa3d4db6629f8ba3d67be2fe"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.chmod(path, mode)
+
+
+def tree(root: str) -> dict[str, Any]:
+    """Everything under a directory: path → ("dir", mode) / ("file", mode, bytes) / ("symlink", target)."""
+    out: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", os.readlink(p))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), Path(p).read_bytes())
+    return out
+
+
+def objects(driver: LocalDirectory) -> list[str]:
+    found = []
+    for dirpath, _, filenames in os.walk(driver.objects):
+        found += [os.path.basename(dirpath) + f for f in filenames]
+    return sorted(found)
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> LocalDirectory:
+    return LocalDirectory(tmp_path / "res")
+
+
+async def golden(driver: LocalDirectory) -> tuple[LocalDirectoryHandle, str]:
+    h, _ = await driver.create()
+    write(Path(h.path) / "hello.txt", "hi\n", 0o644)
+    (Path(h.path) / "src").mkdir()
+    os.chmod(Path(h.path) / "src", 0o755)
+    write(Path(h.path) / "src" / "main.py", "print(1)\n", 0o644)
+    return h, await driver.checkpoint(h)
+
+
+# --------------------------------------------------------------- the format
+
+
+async def test_golden_vector(driver: LocalDirectory) -> None:
+    h, ref = await golden(driver)
+    assert ref == GOLDEN_REF
+    data = Path(driver.snapshot_path(ref)).read_bytes()
+    expected = (
+        '{"entries":['
+        '{"mode":420,"path":"hello.txt","sha256":"%s","size":3,"type":"file"},'
+        '{"mode":493,"path":"src","type":"dir"},'
+        '{"mode":420,"path":"src/main.py","sha256":"%s","size":9,"type":"file"}'
+        '],"format":"rebuno.local_directory.v1"}' % (sha(b"hi\n"), sha(b"print(1)\n"))).encode()
+    assert data == expected and len(data) == 353 and "sha256:" + sha(data) == ref
+    # The pure serialisation gives the same bytes whatever the input order.
+    entries = json.loads(data)["entries"]
+    assert manifest_bytes(list(reversed(entries))) == data
+
+
+def test_identity_and_configuration(tmp_path: Path) -> None:
+    d = LocalDirectory(tmp_path / "r", template=tmp_path / "tpl", coverage_reuse=True)
+    assert d.driver_id == "rebuno.local_directory.v1"
+    assert d.configuration == {"template": str(tmp_path / "tpl")}  # the root is not part of it
+    assert d.coverage_reuse is True
+    assert LocalDirectory(tmp_path / "other").configuration == {"template": None}
+    assert LocalDirectory().coverage_reuse is False
+    with pytest.raises(TypeError):
+        LocalDirectory(coverage_reuse="yes")  # type: ignore[arg-type]
+
+
+def test_root_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REBUNO_LOCAL_RESOURCES", str(tmp_path / "from-env"))
+    assert LocalDirectory().root == str(tmp_path / "from-env")
+    monkeypatch.delenv("REBUNO_LOCAL_RESOURCES")
+    monkeypatch.chdir(tmp_path)
+    assert LocalDirectory().root == str(tmp_path / ".rebuno" / "resources")
+    assert LocalDirectory("rel").root == str(tmp_path / "rel")  # resolved to an absolute path
+
+
+async def test_a_created_root_is_private(tmp_path: Path) -> None:
+    d = LocalDirectory(tmp_path / "new-root")
+    await d.create()
+    assert stat.S_IMODE(os.stat(d.root).st_mode) == 0o700
+    assert sorted(os.listdir(d.root)) == ["store", "tmp", "workspaces"]
+
+
+# ----------------------------------------------------------------- captures
+
+
+async def test_unchanged_trees_share_a_ref_and_identical_files_are_stored_once(driver: LocalDirectory) -> None:
+    h, ref = await golden(driver)
+    assert await driver.checkpoint(h) == ref  # unchanged: same ref, the handle still usable
+    write(Path(h.path) / "copy.txt", "hi\n")  # the same bytes as hello.txt
+    ref2 = await driver.checkpoint(h)
+    assert ref2 != ref and len(objects(driver)) == 2
+    write(Path(h.path) / "hello.txt", "changed\n")
+    ref3 = await driver.checkpoint(h)
+    assert len(objects(driver)) == 3 and len({ref, ref2, ref3}) == 3
+    for digest in objects(driver):  # objects and manifests are read-only
+        assert stat.S_IMODE(os.stat(driver.object_path(digest)).st_mode) == 0o444
+    assert stat.S_IMODE(os.stat(driver.snapshot_path(ref3)).st_mode) == 0o444
+    assert os.listdir(driver.tmp) == []
+
+
+async def test_a_same_size_change_is_seen_by_the_next_capture(driver: LocalDirectory,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from rebuno.drivers import local_directory
+
+    h, _ = await driver.create()
+    f = Path(h.path) / "a.txt"
+    write(f, "aaaa")
+    monkeypatch.setattr(local_directory, "_RACY_NS", 0)  # cache every file written before the capture
+    first = await driver.checkpoint(h)
+    assert "a.txt" in h._hashes
+    old = 1_600_000_000
+    write(f, "bbbb")
+    os.utime(f, (old, old))
+    second = await driver.checkpoint(h)  # same size; the inode or ctime differs
+    assert first != second
+    with open(f, "r+b") as fh:  # rewrite in place: same inode and size, mtime put back
+        fh.write(b"cccc")
+    os.utime(f, (old, old))
+    third = await driver.checkpoint(h)
+    assert third not in (first, second)
+    restored, _ = await driver.create(third)
+    assert (Path(restored.path) / "a.txt").read_text() == "cccc"
+    monkeypatch.undo()
+    write(Path(h.path) / "fresh.txt", "new")
+    await driver.checkpoint(h)
+    assert "fresh.txt" not in h._hashes  # written within the racy window: hashed again next time
+
+
+async def test_special_files_and_bad_names_fail_the_capture(driver: LocalDirectory) -> None:
+    h, _ = await driver.create()
+    os.mkfifo(os.path.join(h.path, "pipe"))
+    with pytest.raises(ValueError, match="FIFO"):
+        await driver.checkpoint(h)
+    os.unlink(os.path.join(h.path, "pipe"))
+    with open(os.path.join(os.fsencode(h.path), b"bad\xffname"), "wb") as f:
+        f.write(b"x")
+    with pytest.raises(ValueError, match="UTF-8"):
+        await driver.checkpoint(h)
+
+
+async def test_checkpoint_of_a_removed_workspace(driver: LocalDirectory) -> None:
+    h, _ = await driver.create()
+    os.rmdir(h.path)
+    with pytest.raises(FileNotFoundError):
+        await driver.checkpoint(h)
+
+
+# ------------------------------------------------------------------- create
+
+
+async def test_each_create_makes_a_fresh_directory(driver: LocalDirectory) -> None:
+    h1, b1 = await driver.create()
+    h2, b2 = await driver.create()
+    assert b1 == {"path": h1.path} and b2 == {"path": h2.path} and h1.path != h2.path
+    for h in (h1, h2):
+        assert os.path.isabs(h.path) and os.path.dirname(h.path) == driver.workspaces
+        assert os.listdir(h.path) == []
+
+
+async def test_a_template_is_the_initial_environment(tmp_path: Path) -> None:
+    tpl = tmp_path / "tpl"
+    write(tpl / "README.md", "# hi\n", 0o600)
+    write(tpl / "bin" / "run.sh", "#!/bin/sh\n", 0o755)
+    os.symlink("README.md", tpl / "link")
+    (tpl / "empty").mkdir()
+    d = LocalDirectory(tmp_path / "res", template=tpl)
+    h, _ = await d.create()
+    assert tree(h.path) == tree(str(tpl))
+    h2, _ = await d.create()
+    assert h2.path != h.path and tree(h2.path) == tree(str(tpl))
+
+
+async def test_a_restore_reproduces_the_checkpoint_exactly(driver: LocalDirectory) -> None:
+    h, _ = await driver.create()
+    root = Path(h.path)
+    write(root / "a.txt", "one")
+    write(root / "secret", "s", 0o600)
+    write(root / "tools" / "run", "#!/bin/sh\n", 0o755)
+    write(root / "data.bin", bytes(range(256)) * 10)
+    (root / "empty").mkdir()
+    (root / "locked").mkdir()
+    write(root / "locked" / "f", "inside")
+    os.chmod(root / "locked", 0o500)
+    os.symlink("a.txt", root / "link")
+    os.symlink("../outside", root / "dangling")
+    write(root / "ünïcode name.txt", "ü")
+    ref = await driver.checkpoint(h)
+    expected = tree(h.path)
+    write(root / "a.txt", "changed later")  # does not affect the checkpoint
+    restored, binding = await driver.create(ref)
+    assert restored.path != h.path and binding == {"path": restored.path}
+    assert tree(restored.path) == expected
+    # Copies, never links: writing a restored file leaves the store intact.
+    digest = sha(b"one")
+    assert os.stat(os.path.join(restored.path, "a.txt")).st_ino != os.stat(driver.object_path(digest)).st_ino
+    await restored.files.write("a.txt", "edited")
+    assert Path(driver.object_path(digest)).read_bytes() == b"one"
+    again, _ = await driver.create(ref)
+    assert tree(again.path) == expected
+    assert os.listdir(driver.tmp) == []
+
+
+# ----------------------------------------------------- missing or damaged
+
+
+def plant(driver: LocalDirectory, doc: Any) -> str:
+    """Store a hand-made manifest under its own hash; return its ref."""
+    data = doc if isinstance(doc, bytes) else json.dumps(doc, separators=(",", ":")).encode()
+    digest = sha(data)
+    os.makedirs(driver.snapshots, exist_ok=True)
+    Path(driver.snapshots, digest + ".json").write_bytes(data)
+    return "sha256:" + digest
+
+
+def manifest(*entries: dict[str, Any], fmt: str = "rebuno.local_directory.v1") -> dict[str, Any]:
+    return {"entries": list(entries), "format": fmt}
+
+
+def file_entry(path: str, digest: str | None = None, **kw: Any) -> dict[str, Any]:
+    e = {"mode": 420, "path": path, "sha256": digest or sha(b"x"), "size": 1, "type": "file"}
+    e.update(kw)
+    return e
+
+
+async def assert_unavailable(driver: LocalDirectory, ref: Any, detail: str) -> None:
+    before = os.listdir(driver.workspaces) if os.path.isdir(driver.workspaces) else []
+    with pytest.raises(CheckpointUnavailable) as info:
+        await driver.create(ref)
+    message = str(info.value)
+    assert message.startswith(f"local snapshot {ref} is missing or damaged: "), message
+    assert detail in message, message
+    assert os.listdir(driver.workspaces) == before and os.listdir(driver.tmp) == []
+
+
+@pytest.mark.parametrize("ref", ["sha256:" + "A" * 64, "sha256:abc", "md5:" + "a" * 64, "a" * 64, "",
+                                 "sha256:" + "a" * 64 + "\n"])
+async def test_malformed_refs(driver: LocalDirectory, ref: str) -> None:
+    await driver.create()
+    await assert_unavailable(driver, ref, "the ref is not")
+
+
+async def test_missing_and_damaged_snapshots(driver: LocalDirectory) -> None:
+    h, ref = await golden(driver)
+    path = driver.snapshot_path(ref)
+    data = Path(path).read_bytes()
+    os.unlink(path)
+    await assert_unavailable(driver, ref, "the manifest does not exist")
+    Path(path).write_bytes(data.replace(b'"size":3', b'"size":4'))
+    await assert_unavailable(driver, ref, "does not match its hash")
+    os.unlink(path)
+    Path(path).write_bytes(data)
+    obj = driver.object_path(sha(b"hi\n"))
+    os.unlink(obj)
+    await assert_unavailable(driver, ref, "does not exist")
+    Path(obj).write_bytes(b"ho\n")  # same size, other bytes
+    await assert_unavailable(driver, ref, "is damaged")
+    Path(obj).write_bytes(b"hi\n")
+    restored, _ = await driver.create(ref)  # repaired: restorable again
+    assert (Path(restored.path) / "hello.txt").read_text() == "hi\n"
+
+
+@pytest.mark.parametrize("doc,detail", [
+    (b"not json", "not valid JSON"),
+    (manifest(fmt="other.v1"), "format"),
+    ({"entries": [], "format": "rebuno.local_directory.v1", "extra": 1}, "format"),
+    ({"entries": {}, "format": "rebuno.local_directory.v1"}, "not a list"),
+    (manifest(file_entry("../escape")), "invalid path"),
+    (manifest(file_entry("/abs")), "invalid path"),
+    (manifest(file_entry("a//b")), "invalid path"),
+    (manifest(file_entry("a/./b")), "invalid path"),
+    (manifest(file_entry("")), "invalid path"),
+    (manifest(file_entry("nul\u0000byte")), "invalid path"),
+    (manifest({"path": "l", "target": "/etc", "type": "symlink"}, file_entry("l/x")), "below a symlink"),
+    (manifest(file_entry("f"), file_entry("f/x")), "below a file"),
+    (manifest(file_entry("f"), file_entry("f")), "duplicate path"),
+    (manifest(file_entry("f", mode=0o1000)), "invalid mode"),
+    (manifest(file_entry("f", mode=True)), "invalid mode"),
+    (manifest(file_entry("f", digest="A" * 64)), "invalid object hash"),
+    (manifest(file_entry("f", size=-1)), "invalid size"),
+    (manifest({**file_entry("f"), "extra": 1}), "invalid entry"),
+    (manifest({"path": "d", "type": "fifo"}), "invalid entry"),
+    (manifest({"path": "l", "target": "", "type": "symlink"}), "invalid symlink target"),
+])
+async def test_invalid_manifests(driver: LocalDirectory, doc: Any, detail: str) -> None:
+    await driver.create()
+    Path(driver.objects, sha(b"x")[:2]).mkdir(parents=True, exist_ok=True)
+    Path(driver.object_path(sha(b"x"))).write_bytes(b"x")
+    ref = plant(driver, doc)
+    await assert_unavailable(driver, ref, detail)
+
+
+async def test_a_size_mismatch_is_damage(driver: LocalDirectory) -> None:
+    await driver.create()
+    Path(driver.objects, sha(b"x")[:2]).mkdir(parents=True, exist_ok=True)
+    Path(driver.object_path(sha(b"x"))).write_bytes(b"x")
+    ref = plant(driver, manifest(file_entry("f", size=2)))
+    await assert_unavailable(driver, ref, "is damaged")
+
+
+# --------------------------------------------------------------------- open
+
+
+async def test_open(driver: LocalDirectory) -> None:
+    h, binding = await driver.create()
+    again = await driver.open(binding)
+    assert isinstance(again, LocalDirectoryHandle) and again.path == h.path
+    os.rmdir(h.path)
+    with pytest.raises(FileNotFoundError):
+        await driver.open(binding)
+    with pytest.raises(ValueError):
+        await driver.open({"sandbox_id": "x"})
+
+
+# -------------------------------------------------------------------- files
+
+
+async def test_files_api(driver: LocalDirectory) -> None:
+    h, _ = await driver.create()
+    files = h.files
+    await files.write("notes.txt", "héllo")
+    await files.write("/deep/er/data.bin", b"\x00\x01")
+    assert await files.read("notes.txt") == "héllo"
+    assert await files.read("/notes.txt", format="bytes") == "héllo".encode()
+    assert await files.read("deep/er/data.bin", format="bytes") == b"\x00\x01"
+    assert await files.read("deep/../notes.txt") == "héllo"  # a '..' that stays inside is fine
+    assert await files.list() == ["deep", "notes.txt"] and await files.list("/deep") == ["er"]
+    assert await files.exists("notes.txt") and not await files.exists("nope.txt")
+    assert await files.make_dir("made/sub") is True and await files.make_dir("made/sub") is False
+    os.chmod(os.path.join(h.path, "notes.txt"), 0o600)
+    await files.write("notes.txt", "again")  # atomic replace keeps the mode
+    assert stat.S_IMODE(os.stat(os.path.join(h.path, "notes.txt")).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.join(h.path, "deep/er/data.bin")).st_mode) == 0o644
+    await files.remove("made")
+    await files.remove("notes.txt")
+    assert await files.list() == ["deep"]
+    assert [n for n in os.listdir(os.path.join(h.path, "deep", "er")) if "rebuno-tmp" in n] == []
+    with pytest.raises(FileNotFoundError):
+        await files.read("notes.txt")
+    with pytest.raises(FileNotFoundError):
+        await files.remove("notes.txt")
+    with pytest.raises(ValueError):
+        await files.read("deep/er/data.bin", format="stream")
+    with pytest.raises(TypeError):
+        await files.write("x", 5)  # type: ignore[arg-type]
+
+
+async def test_files_stay_inside_the_workspace(tmp_path: Path, driver: LocalDirectory) -> None:
+    h, _ = await driver.create()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    os.symlink(str(outside), os.path.join(h.path, "escape"))
+    os.symlink(str(tmp_path), os.path.join(h.path, "updir"))
+    for call in (lambda: h.files.read("../../../outside.txt"), lambda: h.files.read("escape"),
+                 lambda: h.files.write("escape", "x"), lambda: h.files.write("updir/new.txt", "x"),
+                 lambda: h.files.list("updir"), lambda: h.files.exists("/../x"), lambda: h.files.remove("/"),
+                 lambda: h.files.write("..", "x")):
+        with pytest.raises(PermissionError):
+            await call()
+    assert outside.read_text() == "secret" and not (tmp_path / "new.txt").exists()
