@@ -14,10 +14,9 @@ identity (PROTOCOL §11) and the recorded shapes compatible across the SDKs.
 directly: the same handler run to completion by each, step by step.
 
 Where the SDKs disagree the failure message names every step the new SDK
-proposed anew, beside what 0.29.2 had recorded for it. The disagreements found
-so far are marked ``incompatible(...)`` below (strict xfail, limited to the
-``Incompatible`` failure): tools and ``step()`` with args upgrade cleanly;
-``step()`` without args, ``**kwargs`` tools and LLM calls do not.
+proposed anew, beside what 0.29.2 had recorded for it. The cases that once
+disagreed (``step()`` without args, ``**kwargs`` tools, the LLM call's args and
+its recorded response) each have a test of their own.
 """
 
 from __future__ import annotations
@@ -161,45 +160,17 @@ def test_tools_and_local_step_replay_after_upgrade(kernel, spawn, records, gates
     assert got["output"]["pick"] == pick["result"]  # the recorded random value, not a new one
 
 
-# Known incompatibilities between rebuno 0.29.2 and this SDK. Each test asserts
-# the upgrade that should work; ``Incompatible`` is raised only by the replay
-# check (or the identity comparison), so any other failure still fails the
-# test, and a fix turns the test into an XPASS, which fails the run (strict)
-# until the marker is removed.
-def incompatible(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(raises=Incompatible, strict=True, reason="SDK incompatibility: " + reason)
-
-
-STEP_NOARGS = "step(name, fn) without args: 0.29.2 submits args {} (`args or {}`), this SDK args null"
-TOOL_KWARGS = (
-    "a @tool's **kwargs: 0.29.2 records them nested under the parameter's name "
-    "({city, labels: {...}}), this SDK flattens them into the args ({city, season, source})"
-)
-LLM_RECORD = (
-    "an LLM response recorded by 0.29.2 is {status, headers, body: text}; this SDK replays only its "
-    "own record {status_code, headers, body|text, stream} and fails the execution with "
-    "'tool_error: llm_call: the recorded LLM response has an unknown shape'"
-)
-LLM_STREAM_ARGS = (
-    "a streamed LLM call: 0.29.2 keeps \"stream\": true in the step's args, this SDK drops stream and "
-    "stream_options (PROTOCOL §10.1's SHOULD), so the call is a new step and the provider is asked again"
-)
-
-
-@incompatible(STEP_NOARGS)
 def test_step_without_args_replays_after_upgrade(kernel, spawn, records, gates, llm):
     got = upgrade_mid_run(kernel, spawn, records, gates, llm, ["step_noargs"])
     stamp = got["by_target"][("local", "stamp")]
     assert got["output"]["stamp"] == stamp["result"]
 
 
-@incompatible(TOOL_KWARGS)
 def test_tool_with_var_keyword_replays_after_upgrade(kernel, spawn, records, gates, llm):
     got = upgrade_mid_run(kernel, spawn, records, gates, llm, ["tool_kwargs"])
     assert got["output"]["tag"] == "Oslo:season=winter,source=upgrade"
 
 
-@incompatible(LLM_RECORD)
 def test_plain_llm_call_replays_after_upgrade(kernel, spawn, records, gates, llm):
     """An OpenAI chat completion through 0.29.2's ``http_client()`` replays
     through this SDK's without a second request to the provider. (The step's
@@ -208,13 +179,11 @@ def test_plain_llm_call_replays_after_upgrade(kernel, spawn, records, gates, llm
     assert got["output"]["plain"] == PLAIN
 
 
-@incompatible(LLM_STREAM_ARGS)
 def test_streamed_llm_call_replays_after_upgrade(kernel, spawn, records, gates, llm):
     got = upgrade_mid_run(kernel, spawn, records, gates, llm, ["llm_stream"])
     assert got["output"]["streamed"] == STREAMED
 
 
-@incompatible(f"{STEP_NOARGS}; {TOOL_KWARGS}; {LLM_STREAM_ARGS}; {LLM_RECORD}")
 def test_both_sdks_submit_the_same_identities(kernel, spawn, records, gates, llm):
     """Both agents run the whole handler to completion, one after the other.
     Step by step, the kernel must have received the same kind, target, args

@@ -288,7 +288,7 @@ async def test_step_sync_and_async_and_args(kernel: FakeKernel) -> None:
 
     assert await in_handler(kernel, body) == ("ok", [5, "page"])
     b1, b2 = submit_bodies(kernel)
-    assert b1 == {"kind": "local", "target": "now", "args": None, "idempotency": "safe_to_retry", "resources": []}
+    assert b1 == {"kind": "local", "target": "now", "args": {}, "idempotency": "safe_to_retry", "resources": []}
     assert b2 == {"kind": "local", "target": "fetch", "args": {"url": "u"}, "idempotency": "at_most_once",
                   "resources": []}
 

@@ -67,8 +67,8 @@ async def test_plain_call_is_recorded_and_replayed(kernel: FakeKernel) -> None:
     assert body["kind"] == "llm_call" and body["target"] == "gpt-test" and body["resources"] == []
     assert body["args"]["messages"] == MESSAGES and "stream" not in body["args"]
     (st,) = kernel.steps.values()
-    assert st.status == "succeeded" and st.result["status_code"] == 200
-    assert st.result["body"]["choices"][0]["message"]["content"] == "reply 1"
+    assert st.status == "succeeded" and st.result["status"] == 200
+    assert json.loads(st.result["body"])["choices"][0]["message"]["content"] == "reply 1"
     # Replay: the provider is not asked again, the answer is identical.
     assert await in_handler(kernel, call, eid) == ("ok", "reply 1")
     assert len(provider.requests) == 1
@@ -89,14 +89,14 @@ async def test_streamed_call_is_teed_recorded_and_replayed(kernel: FakeKernel) -
     eid = kernel.add_execution()
     assert await in_handler(kernel, call, eid) == ("ok", "reply 1")
     (st,) = kernel.steps.values()
-    assert st.status == "succeeded" and st.result["stream"] is True
+    assert st.status == "succeeded" and st.result["status"] == 200
     assert st.result["headers"]["content-type"] == "text/event-stream"
-    assert st.result["text"].endswith("data: [DONE]\n\n")
+    assert st.result["body"].endswith("data: [DONE]\n\n")
     deltas = [r.json() for r in kernel.requests if r.path.endswith("/stream")]
-    assert deltas and "".join(d["data"] for d in deltas) == st.result["text"]
+    assert deltas and "".join(d["data"] for d in deltas) == st.result["body"]
     assert [d["seq"] for d in deltas] == list(range(len(deltas)))
-    # The streamed call and a plain call of the same request are one step identity.
-    assert "stream" not in kernel.submits()[0].json()["args"]
+    # The args are the body as sent, streaming flag included (the published client's identity).
+    assert kernel.submits()[0].json()["args"]["stream"] is True
     assert await in_handler(kernel, call, eid) == ("ok", "reply 1")
     assert len(provider.requests) == 1
 
@@ -114,7 +114,7 @@ async def test_early_close_still_records_the_whole_stream(kernel: FakeKernel) ->
 
     assert await in_handler(kernel, call) == ("ok", "closed")
     (st,) = kernel.steps.values()
-    assert st.status == "succeeded" and st.result["text"].endswith("data: [DONE]\n\n")
+    assert st.status == "succeeded" and st.result["body"].endswith("data: [DONE]\n\n")
 
 
 @pytest.mark.parametrize("answer,status,code", [
@@ -214,7 +214,7 @@ async def test_provider_failure_is_recorded_as_step_failure(kernel: FakeKernel) 
 def test_step_args_choice() -> None:
     req = httpx2.Request("POST", "http://x/v1/chat/completions")
     target, args = llm_step_args(req, b'{"model":"gpt","stream":true,"stream_options":{"a":1},"temperature":0.0}')
-    assert target == "gpt" and set(args) == {"model", "temperature"}
+    assert target == "gpt" and set(args) == {"model", "stream", "stream_options", "temperature"}
     assert str(args["temperature"]) == "0.0"  # number literals are kept as written
     target, args = llm_step_args(req, b"not json")
     assert target == "" and args["body"] == "not json" and args["path"] == "/v1/chat/completions"

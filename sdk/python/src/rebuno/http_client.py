@@ -7,12 +7,14 @@
 Every request through the client is an `llm_call` step:
 
 * **target** is the request's `model` (empty when it has none); **args** is
-  the JSON body without the volatile streaming fields (`stream`,
-  `stream_options`), so a streamed and a plain call of the same request are
-  the same step;
-* on `proceed` the request goes to the provider and the whole response
-  (status, content type, body) is recorded; on `replay` the recorded response
-  is returned without touching the provider;
+  the JSON body exactly as sent. PROTOCOL §10.1 suggests leaving out volatile
+  fields such as the streaming flag, but the published client records the
+  whole body, and keeping its identity lets an execution it began continue
+  here; so a streamed and a plain call of the same request are two steps;
+* on `proceed` the request goes to the provider and the whole response is
+  recorded as `{"status", "headers": {"content-type"}, "body": <text>}` (the
+  published client's record, so either SDK replays the other's); on `replay`
+  the recorded response is returned without touching the provider;
 * streamed responses (`text/event-stream`) are passed through as they arrive,
   teed to the kernel's live side channel (PROTOCOL §16), and recorded whole
   when the stream ends;
@@ -25,7 +27,6 @@ Every request through the client is an `llm_call` step:
 from __future__ import annotations
 
 import asyncio
-import base64
 import codecs
 import json
 import logging
@@ -44,16 +45,16 @@ __all__ = ["RebunoTransport", "http_client", "llm_step_args", "refusal_response"
 
 log = logging.getLogger("rebuno")
 
-VOLATILE_FIELDS = ("stream", "stream_options")
 DELTA_MAX_BYTES = 7000
 DELTA_INTERVAL = 0.05
 _DROP_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 
 def llm_step_args(request: httpx2.Request, body: bytes) -> tuple[str, Any]:
-    """(target, parsed args) of an LLM request: the model and the JSON body
-    without the streaming fields; non-JSON requests are described by method,
-    path and body text."""
+    """(target, parsed args) of an LLM request: the model and the whole JSON
+    body, exactly as sent (the same identity the published client records,
+    so histories it began replay here); non-JSON requests are described by
+    method, path and body text."""
     parsed: Any
     try:
         parsed = parse_json(body) if body.strip() else None
@@ -61,8 +62,7 @@ def llm_step_args(request: httpx2.Request, body: bytes) -> tuple[str, Any]:
         parsed = None
     if isinstance(parsed, dict):
         target = parsed.get("model") if isinstance(parsed.get("model"), str) else ""
-        args = {k: v for k, v in parsed.items() if k not in VOLATILE_FIELDS}
-        return str(target), args
+        return str(target), parsed
     return "", {
         "method": request.method,
         "path": request.url.raw_path.decode("ascii"),
@@ -84,40 +84,25 @@ def refusal_response(request: httpx2.Request, code: str, *, reason: str | None =
     return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode("utf-8"), request=request)
 
 
-def _record(status: int, headers: httpx2.Headers, content: bytes, *, stream: bool) -> dict[str, Any]:
-    rec: dict[str, Any] = {"status_code": status}
-    ctype = headers.get("content-type")
-    if ctype:
-        rec["headers"] = {"content-type": ctype}
-    if stream:
-        rec["stream"] = True
-    if not stream and content:
-        try:
-            rec["body"] = json.loads(content)
-            return rec
-        except ValueError:
-            pass
-    try:
-        rec["text"] = content.decode("utf-8")
-    except UnicodeDecodeError:
-        rec["base64"] = base64.b64encode(content).decode("ascii")
-    return rec
+def _record(status: int, headers: httpx2.Headers, content: bytes) -> dict[str, Any]:
+    """The step result of a provider response: status, content type and body
+    text — the record shape the published client writes, so that either SDK
+    replays the other's calls."""
+    return {
+        "status": status,
+        "headers": {"content-type": headers.get("content-type", "application/json")},
+        "body": content.decode("utf-8", "replace"),
+    }
 
 
 def _replayed(request: httpx2.Request, result: Any) -> httpx2.Response:
-    if not isinstance(result, dict) or not isinstance(result.get("status_code"), int):
+    if not isinstance(result, dict) or not isinstance(result.get("status"), int):
         raise ToolError("llm_call", "the recorded LLM response has an unknown shape", error=result)
     raw_headers = result.get("headers")
-    headers: dict[str, Any] = raw_headers if isinstance(raw_headers, dict) else {}
-    if "body" in result:
-        content = json.dumps(result["body"], ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    elif isinstance(result.get("text"), str):
-        content = result["text"].encode("utf-8")
-    elif isinstance(result.get("base64"), str):
-        content = base64.b64decode(result["base64"])
-    else:
-        content = b""
-    resp = httpx2.Response(result["status_code"], headers={str(k): str(v) for k, v in headers.items()},
+    headers: dict[str, Any] = raw_headers if isinstance(raw_headers, dict) else {"content-type": "application/json"}
+    body = result.get("body", "")
+    content = body.encode("utf-8") if isinstance(body, str) else json.dumps(body).encode("utf-8")
+    resp = httpx2.Response(result["status"], headers={str(k): str(v) for k, v in headers.items()},
                            content=content, request=request)
     resp.extensions["rebuno_replayed"] = True
     return resp
@@ -229,7 +214,7 @@ class _TeeStream(httpx2.AsyncByteStream):
             value = json.dumps({"message": str(exc), "type": type(exc).__name__})
             succeeded = False
         else:
-            rec = _record(self._upstream.status_code, self._upstream.headers, b"".join(self._chunks), stream=True)
+            rec = _record(self._upstream.status_code, self._upstream.headers, b"".join(self._chunks))
             value, succeeded = json.dumps(rec, ensure_ascii=False, separators=(",", ":")), True
         try:
             await report(self._ctx, "llm_call", self._step_id, succeeded=succeeded, value_json=value)
@@ -301,7 +286,7 @@ class RebunoTransport(httpx2.AsyncBaseTransport):
                 await _report_quietly(ctx, step_id, exc)
             raise
         await upstream.aclose()
-        rec = _record(upstream.status_code, upstream.headers, content, stream=False)
+        rec = _record(upstream.status_code, upstream.headers, content)
         stored = await report(ctx, "llm_call", step_id, succeeded=True,
                               value_json=json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
         if isinstance(stored, Decision):  # recorded by an earlier try: the stored outcome stands

@@ -6,8 +6,8 @@
 
 The first run calls `fn` and records its result; every replay returns the
 recorded result without calling it. `args` is part of the step's identity
-(`None` by default), so calls that should record separately need different
-names or args. A local step that no policy rule matches is always allowed
+(no args are recorded as `{}`, as the published client records them), so
+calls that should record separately need different names or args. A local step that no policy rule matches is always allowed
 (PROTOCOL §12.5); an explicit rule can still deny it, which raises
 `PolicyError` here (unlike `@tool`, which returns a string).
 """
@@ -40,6 +40,6 @@ async def step(name: str, fn: Callable[[], T] | Callable[[], Awaitable[T]], args
     async def body() -> Any:
         return await call_maybe_async(fn)
 
-    result: T = await run_effect("local", name, args, body, idempotency=idempotency, resources=keys,
+    result: T = await run_effect("local", name, {} if args is None else args, body, idempotency=idempotency, resources=keys,
                                  what=f"step {name!r}")
     return result

@@ -40,7 +40,7 @@ def _call_args(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, 
             continue
         param = sig.parameters[name]
         if param.kind is inspect.Parameter.VAR_KEYWORD:
-            out.update(value)
+            out[name] = dict(value)  # nested under its name, as the published client records it
         elif param.kind is inspect.Parameter.VAR_POSITIONAL:
             out[name] = list(value)
         else:

@@ -145,7 +145,7 @@ async def test_live_deltas_of_a_streamed_llm_call(kernel_proc: KernelProcess, ll
         assert deltas, "no live delta arrived"
         assert {d.step_id for d in deltas} == {llm_step.step_id}
         text = "".join(d.data for d in sorted(deltas, key=lambda d: d.seq))
-        assert text == llm_step.result["text"]
+        assert text == llm_step.result["body"]
 
 
 async def test_step_complete_survives_a_kernel_restart(kernel_proc: KernelProcess,

@@ -71,8 +71,10 @@ async def test_kill_and_replay_openai_calls(kernel_proc: KernelProcess, tmp_path
     assert done.output == {"plain": "echo: hello", "streamed": "echo: hello!", "c": "released"}
     llm_steps = [s for s in out["steps"] if s.kind == "llm_call"]
     assert [(s.target, s.status) for s in llm_steps] == [("scripted-1", "succeeded"), ("scripted-1", "succeeded")]
-    assert llm_steps[1].result["stream"] is True and "data: [DONE]" in llm_steps[1].result["text"]
-    assert all("stream" not in s.args for s in llm_steps)
+    assert llm_steps[1].result["headers"]["content-type"].startswith("text/event-stream")
+    assert "data: [DONE]" in llm_steps[1].result["body"]
+    # The args are the request body as sent, the streaming flag included.
+    assert "stream" not in llm_steps[0].args and llm_steps[1].args["stream"] is True
 
 
 @pytest.mark.parametrize("stream", ["0", "1"], ids=["plain", "streamed"])

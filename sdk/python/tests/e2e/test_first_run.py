@@ -47,7 +47,7 @@ async def test_first_run(kernel_proc: KernelProcess) -> None:
             ("tool_call", "web_search", "succeeded", 0), ("local", "token", "succeeded", 0)]
         assert steps[0].args == {"limit": 3, "query": "rebuno"}
         assert steps[0].result == ["rebuno result 0", "rebuno result 1", "rebuno result 2"]
-        assert steps[1].args is None and steps[1].result == "t-123"
+        assert steps[1].args == {} and steps[1].result == "t-123"
         types = [e.type for e in await client.all_events(ex.id)]
         assert types[:3] == ["execution.created", "execution.started", "dispatch.queued"]
         assert types.count("step.succeeded") == 2 and types[-1] == "execution.completed"
