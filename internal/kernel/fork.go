@@ -39,6 +39,7 @@ type forkPlan struct {
 	generations map[string]int64    // generation of each key at the fork point
 	covered     map[string]bool     // coverage of each key at the fork point
 	restoreAt   map[string]*store.Checkpoint
+	idemKey     string // the request's Idempotency-Key, shown on the fork (§7.1)
 }
 
 // Fork creates a new execution from an execution's history up to an event
@@ -63,6 +64,7 @@ func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*sto
 	if err != nil {
 		return nil, err
 	}
+	plan.idemKey = r.IdempotencyKey
 	var fork *store.Execution
 	err = k.update(ctx, sourceID, func(o *op) error {
 		fork = nil
@@ -125,6 +127,8 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 			if s.Status == wire.StepDenied && cleanupReasons[s.ErrorReason] {
 				continue
 			}
+			// A copy shares its source's bodies: keep none in the plan.
+			s.Args, s.Result, s.Error = nil, nil, nil
 			p.steps = append(p.steps, s)
 			copied[s.StepID] = true
 		}
@@ -250,7 +254,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	e := &store.Execution{
 		ID: newID(), AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
 		CreatedAt: o.now, UpdatedAt: o.now, ParentID: src.ParentID, OnBehalfOf: src.OnBehalfOf,
-		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{},
+		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{}, IdempotencyKey: p.idemKey,
 	}
 	if o.k.cfg.DeadlineTimeout > 0 {
 		e.DeadlineAt = o.now.Add(o.k.cfg.DeadlineTimeout)

@@ -40,6 +40,8 @@ type config struct {
 	P5Base       int
 	P5Large      int
 	P5Steps      int
+	ForkSteps    int
+	ForkSamples  int
 	JSON         string
 	TmpDir       string
 	Keep         bool
@@ -49,6 +51,9 @@ type config struct {
 
 var allMetrics = []string{"P1", "P2", "P3", "P4", "P5"}
 
+// optionalMetrics run only when -only names them.
+var optionalMetrics = []string{"FORK"}
+
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rebuno-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -57,7 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Long, "long", false, "make bench-long: 60s windows after 10s warm-up, and P5 up to 1,000,000 executions")
 	fs.DurationVar(&c.Warmup, "warmup", 5*time.Second, "warm-up before each measured window (default 10s with -long)")
 	fs.DurationVar(&c.Duration, "duration", 20*time.Second, "measured window per metric (default 60s with -long)")
-	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,P4,P5); all when empty")
+	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,P4,P5, and FORK, which runs only when named); P1–P5 when empty")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "concurrent executions for P2 and P5")
 	fs.IntVar(&c.StepsPerExec, "steps-per-execution", 10000, "P1/P2: an execution is completed and replaced after this many steps")
 	fs.DurationVar(&c.P3Interval, "p3-load-interval", 50*time.Millisecond, "P3 under load: one probe execution every this long")
@@ -65,6 +70,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.P5Base, "p5-base", 10000, "P5: completed executions at the first memory reading")
 	fs.IntVar(&c.P5Large, "p5-executions", 100000, "P5: completed executions at the last memory reading (1,000,000 with -long)")
 	fs.IntVar(&c.P5Steps, "p5-steps", 1, "P5: steps per execution")
+	fs.IntVar(&c.ForkSteps, "fork-steps", 10000, "FORK: steps of each source execution (inserted through the store)")
+	fs.IntVar(&c.ForkSamples, "fork-samples", 20, "FORK: forks measured per source")
 	fs.StringVar(&c.JSON, "json", "", "also write every number as JSON to this file")
 	fs.StringVar(&c.TmpDir, "tmpdir", "", "parent folder of the bench's temporary folder (the disk under test); default $TMPDIR")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the databases")
@@ -96,11 +103,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			continue
 		}
 		ok := false
-		for _, known := range allMetrics {
+		for _, known := range append(append([]string{}, allMetrics...), optionalMetrics...) {
 			ok = ok || m == known
 		}
 		if !ok {
-			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5)", m)
+			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5 or FORK)", m)
 		}
 		c.Only[m] = true
 	}
@@ -117,11 +124,20 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-p5-steps must be >= 0")
 	case c.StepsPerExec < 1:
 		return nil, errors.New("-steps-per-execution must be >= 1")
+	case c.ForkSteps < 100 || c.ForkSamples < 1:
+		return nil, errors.New("-fork-steps must be >= 100 and -fork-samples >= 1")
 	}
 	return c, nil
 }
 
-func (c *config) runs(id string) bool { return len(c.Only) == 0 || c.Only[id] }
+func (c *config) runs(id string) bool {
+	for _, o := range optionalMetrics {
+		if id == o {
+			return c.Only[id]
+		}
+	}
+	return len(c.Only) == 0 || c.Only[id]
+}
 
 // bench holds what the metrics share.
 type bench struct {
@@ -243,7 +259,7 @@ func run(ctx context.Context, cfg *config, pin pinning, out io.Writer) error {
 		id  string
 		run func(context.Context) *metricResult
 	}{
-		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"P4", b.runP4}, {"P5", b.runP5},
+		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK},
 	}
 	for _, m := range metrics {
 		if !cfg.runs(m.id) {

@@ -79,6 +79,12 @@ var scenarios = []scenario{
 	{"ReadAfterUpdate", testReadAfterUpdate},
 	{"ReadDuringUpdate", testReadDuringUpdate},
 	{"Ping", testPing},
+	{"Resources", testResources},
+	{"Checkpoints", testCheckpoints},
+	{"ExecutingSteps", testExecutingSteps},
+	{"SharedBodies", testSharedBodies},
+	{"ListForks", testListForks},
+	{"DeleteExecutionKeepsSharedBodies", testDeleteExecutionKeepsSharedBodies},
 }
 
 // Run runs every contract scenario as a subtest, each against a fresh store
@@ -2342,4 +2348,313 @@ func testFinalStateSurvives(t *testing.T, s store.Store, reopen func(*testing.T,
 	wantNotFound(t, "deleted execution after reopening", err)
 	_, err = s.Read().Agent(t.Context(), "india")
 	wantNotFound(t, "deleted agent after reopening", err)
+}
+
+// ---- resources, checkpoints and forks (RESOURCES-AND-FORKS §3.1, §5.2) ----
+
+func insertAll[T any](t *testing.T, s store.Store, rows []T, insert func(ctx context.Context, tx store.Tx, row T) error) {
+	t.Helper()
+	update(t, s, "", func(ctx context.Context, tx store.Tx) error {
+		for _, r := range rows {
+			if err := insert(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func insertResource(ctx context.Context, tx store.Tx, r *store.Resource) error {
+	return tx.InsertResource(ctx, r)
+}
+
+func insertCheckpoint(ctx context.Context, tx store.Tx, c *store.Checkpoint) error {
+	return tx.InsertCheckpoint(ctx, c)
+}
+
+func testResources(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	full := &store.Resource{ExecutionID: "exec-r", Key: "zeta", Position: 0, DriverID: "example.e2b.v1",
+		Configuration: []byte(`{"timeout":600}`), CoverageReuse: true, EverySteps: 5, OnCompletion: true, RegisteredSeq: 5,
+		Generation: 3, Binding: []byte(`{"sandbox_id":"i8x"}`), CheckpointRef: "snap_c1", StartsSinceCheckpoint: 2}
+	bare := &store.Resource{ExecutionID: "exec-r", Key: "alpha", Position: 1, DriverID: "d", RegisteredSeq: 9}
+	other := &store.Resource{ExecutionID: "exec-o", Key: "zeta", Position: 0, DriverID: "other", RegisteredSeq: 1}
+	insertAll(t, s, []*store.Resource{full, bare, other}, insertResource)
+	r := s.Read()
+	same(t, "resource zeta", val(r.Resource(ctx, "exec-r", "zeta")).get(t, "Resource"), full)
+	same(t, "resource alpha (no configuration, no binding)", val(r.Resource(ctx, "exec-r", "alpha")).get(t, "Resource"), bare)
+	sameList(t, "resources in registration order", val(r.Resources(ctx, "exec-r")).get(t, "Resources"), []*store.Resource{full, bare})
+	sameList(t, "another execution's resources", val(r.Resources(ctx, "exec-o")).get(t, "Resources"), []*store.Resource{other})
+	if l := val(r.Resources(ctx, "exec-none")).get(t, "Resources"); len(l) != 0 {
+		t.Errorf("resources of an execution without any: %d", len(l))
+	}
+	_, err := r.Resource(ctx, "exec-r", "nope")
+	wantNotFound(t, "Resource of an unknown key", err)
+	_, err = r.Resource(ctx, "exec-none", "zeta")
+	wantNotFound(t, "Resource of another execution", err)
+	err = s.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {
+		return tx.InsertResource(ctx, &store.Resource{ExecutionID: "exec-r", Key: "zeta", Position: 2, DriverID: "x"})
+	})
+	if err == nil {
+		t.Error("a second resource with the same key was stored")
+	}
+	same(t, "resource zeta after a refused duplicate", val(r.Resource(ctx, "exec-r", "zeta")).get(t, "Resource"), full)
+
+	// UpdateResource writes generation, binding and the start counter, and
+	// nothing else.
+	changed := *bare
+	changed.Generation, changed.Binding, changed.StartsSinceCheckpoint = 7, []byte(` {"p" : 1} `), 4
+	changed.DriverID, changed.EverySteps, changed.CheckpointRef, changed.Position, changed.RegisteredSeq = "ignored", 99, "ignored", 5, 99
+	changed.Configuration, changed.CoverageReuse, changed.OnCompletion = []byte(`1`), true, true
+	var inTx *store.Resource
+	update(t, s, "exec-r", func(ctx context.Context, tx store.Tx) error {
+		if err := tx.UpdateResource(ctx, &changed); err != nil {
+			return err
+		}
+		var err error
+		inTx, err = tx.Resource(ctx, "exec-r", "alpha")
+		return err
+	})
+	want := *bare
+	want.Generation, want.Binding, want.StartsSinceCheckpoint = 7, []byte(` {"p" : 1} `), 4
+	same(t, "resource alpha read in its update", inTx, &want)
+	same(t, "updated resource alpha", val(r.Resource(ctx, "exec-r", "alpha")).get(t, "Resource"), &want)
+	same(t, "resource zeta after updating alpha", val(r.Resource(ctx, "exec-r", "zeta")).get(t, "Resource"), full)
+	same(t, "another execution's zeta", val(r.Resource(ctx, "exec-o", "zeta")).get(t, "Resource"), other)
+}
+
+func testCheckpoints(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	b0 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 7, Generation: 0, CheckpointRef: "B0", InvalidatedSeq: 10}
+	c1 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 15, Generation: 2, CheckpointRef: "C1"}
+	a1 := &store.Checkpoint{ExecutionID: "exec-c", Key: "a", CoveredSeq: 12, Generation: 1, CheckpointRef: "A1"}
+	ob := &store.Checkpoint{ExecutionID: "exec-o", Key: "b", CoveredSeq: 3, Generation: 0, CheckpointRef: "other"}
+	insertAll(t, s, []*store.Checkpoint{c1, ob, b0, a1}, insertCheckpoint)
+	r := s.Read()
+	sameList(t, "checkpoints by key, then covered_seq", val(r.Checkpoints(ctx, "exec-c")).get(t, "Checkpoints"), []*store.Checkpoint{a1, b0, c1})
+	if l := val(r.Checkpoints(ctx, "exec-none")).get(t, "Checkpoints"); len(l) != 0 {
+		t.Errorf("checkpoints of an execution without any: %d", len(l))
+	}
+	// CheckpointAt: the newest row of the key with covered_seq <= seq.
+	for _, c := range []struct {
+		exec, key string
+		seq       int64
+		want      *store.Checkpoint
+	}{
+		{"exec-c", "b", 6, nil}, {"exec-c", "b", 7, b0}, {"exec-c", "b", 14, b0}, {"exec-c", "b", 15, c1},
+		{"exec-c", "b", 1 << 62, c1}, {"exec-c", "a", 11, nil}, {"exec-c", "a", 12, a1}, {"exec-c", "z", 100, nil},
+		{"exec-o", "b", 100, ob}, {"exec-none", "b", 100, nil},
+	} {
+		got, err := r.CheckpointAt(ctx, c.exec, c.key, c.seq)
+		what := fmt.Sprintf("CheckpointAt(%s, %s, %d)", c.exec, c.key, c.seq)
+		if c.want == nil {
+			wantNotFound(t, what, err)
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			continue
+		}
+		same(t, what, got, c.want)
+	}
+	// InvalidateCheckpoints closes the open rows of one key of one
+	// execution, and leaves closed rows as they are.
+	update(t, s, "exec-c", func(ctx context.Context, tx store.Tx) error {
+		return tx.InvalidateCheckpoints(ctx, "exec-c", "b", 19)
+	})
+	closed := *c1
+	closed.InvalidatedSeq = 19
+	sameList(t, "checkpoints after closing b", val(r.Checkpoints(ctx, "exec-c")).get(t, "Checkpoints"), []*store.Checkpoint{a1, b0, &closed})
+	same(t, "another execution's open row", val(r.CheckpointAt(ctx, "exec-o", "b", 100)).get(t, "CheckpointAt"), ob)
+	b2 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 20, Generation: 3, CheckpointRef: "C1"}
+	var seen []*store.Checkpoint
+	update(t, s, "exec-c", func(ctx context.Context, tx store.Tx) error {
+		if err := tx.InsertCheckpoint(ctx, b2); err != nil {
+			return err
+		}
+		if err := tx.InvalidateCheckpoints(ctx, "exec-c", "b", 25); err != nil {
+			return err
+		}
+		var err error
+		seen, err = tx.Checkpoints(ctx, "exec-c")
+		return err
+	})
+	closed2 := *b2
+	closed2.InvalidatedSeq = 25
+	sameList(t, "checkpoints read in the transaction that closed them", seen, []*store.Checkpoint{a1, b0, &closed, &closed2})
+	sameList(t, "checkpoints after closing b again", val(r.Checkpoints(ctx, "exec-c")).get(t, "Checkpoints"), []*store.Checkpoint{a1, b0, &closed, &closed2})
+	// (execution, key, covered_seq) is unique; equal refs are separate rows.
+	err := s.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {
+		return tx.InsertCheckpoint(ctx, &store.Checkpoint{ExecutionID: "exec-c", Key: "a", CoveredSeq: 12, CheckpointRef: "dup"})
+	})
+	if err == nil {
+		t.Error("a second checkpoint with the same covered_seq was stored")
+	}
+	same(t, "checkpoint a after a refused duplicate", val(r.CheckpointAt(ctx, "exec-c", "a", 12)).get(t, "CheckpointAt"), a1)
+}
+
+func testExecutingSteps(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	s1 := fullStep("exec-x", "x-s1")
+	s1.Status, s1.Order, s1.StartInfo = wire.StepExecuting, 1, []byte(`[{"key":"res-b","generation":3}]`)
+	s2 := simpleStep("exec-x", "x-s2", 2, wire.StepSucceeded)
+	s3 := simpleStep("exec-x", "x-s3", 3, wire.StepExecuting)
+	s3.Kind = wire.KindLLMCall
+	s4 := simpleStep("exec-x", "x-s4", 4, wire.StepAllowed)
+	s5 := simpleStep("exec-y", "y-s5", 1, wire.StepExecuting)
+	write(t, s, []*store.Step{s3, s1, s2, s4, s5})
+	r := s.Read()
+	sameList(t, "executing steps in recording order", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s1, s3})
+	sameList(t, "another execution's executing steps", val(r.ExecutingSteps(ctx, "exec-y")).get(t, "ExecutingSteps"), []*store.Step{s5})
+	if l := val(r.ExecutingSteps(ctx, "exec-none")).get(t, "ExecutingSteps"); len(l) != 0 {
+		t.Errorf("executing steps of an execution without any: %d", len(l))
+	}
+	done := *s1
+	done.Status, done.TerminalSeq = wire.StepSucceeded, 50
+	var inTx []*store.Step
+	update(t, s, "exec-x", func(ctx context.Context, tx store.Tx) error {
+		if err := tx.UpdateStep(ctx, &done); err != nil {
+			return err
+		}
+		var err error
+		inTx, err = tx.ExecutingSteps(ctx, "exec-x")
+		return err
+	})
+	sameList(t, "executing steps in the transaction that finished one", inTx, []*store.Step{s3})
+	sameList(t, "executing steps after one finished", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s3})
+}
+
+// copyOf is a fork's copy of st in execution forkID: a narrow row that names
+// the step whose bodies it shares. The bodies it carries must not be stored.
+func copyOf(st *store.Step, forkID, stepID string, order int64) *store.Step {
+	c := *st
+	c.ExecutionID, c.StepID, c.Order = forkID, stepID, order
+	c.DispatchID, c.Attempt, c.StartInfo = "", 0, nil
+	c.BodyExecutionID, c.BodyStepID = st.ExecutionID, st.StepID
+	c.Args, c.Result, c.Error = []byte(`"not stored"`), []byte(`"not stored"`), []byte(`"not stored"`)
+	return &c
+}
+
+// asRead is how a copy reads: with the bodies of the step it shares.
+func asRead(c *store.Step, owner *store.Step) *store.Step {
+	r := *c
+	r.Args, r.Result, r.Error = owner.Args, owner.Result, owner.Error
+	return &r
+}
+
+func testSharedBodies(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	s1 := fullStep("exec-src", "src-s1")
+	s2 := simpleStep("exec-src", "src-s2", 8, wire.StepSucceeded)
+	s2.Result = []byte(` [ "r" , 1.0 ] `)
+	write(t, s, minimalExecution("exec-src", "agent-α", wire.ExecCompleted), []*store.Step{s1, s2})
+	c1, c2 := copyOf(s1, "exec-fork", "fork-c1", 1), copyOf(s2, "exec-fork", "fork-c2", 2)
+	write(t, s, minimalExecution("exec-fork", "agent-α", wire.ExecRunning), []*store.Step{c1, c2})
+	r := s.Read()
+	same(t, "copy of s1", val(r.Step(ctx, "exec-fork", "fork-c1")).get(t, "Step"), asRead(c1, s1))
+	sameList(t, "copies listed", val(r.Steps(ctx, "exec-fork", nil, 0, big)).get(t, "Steps"), []*store.Step{asRead(c1, s1), asRead(c2, s2)})
+	sameList(t, "copies listed by status", val(r.Steps(ctx, "exec-fork", []string{wire.StepSucceeded}, 0, big)).get(t, "Steps"),
+		[]*store.Step{asRead(c2, s2)})
+	same(t, "the source's own step", val(r.Step(ctx, "exec-src", "src-s1")).get(t, "Step"), s1)
+	refs := val(r.CopyRefs(ctx, "exec-fork")).get(t, "CopyRefs")
+	got := []string{}
+	for _, ref := range refs {
+		got = append(got, ref[0]+"/"+ref[1])
+	}
+	sameStrings(t, "CopyRefs of the fork", sorted(got), []string{"exec-src/src-s1", "exec-src/src-s2"})
+	if l := val(r.CopyRefs(ctx, "exec-src")).get(t, "CopyRefs"); len(l) != 0 {
+		t.Errorf("CopyRefs of an execution without copies: %v", l)
+	}
+	// Two copies of one step (two forks) give one reference per fork.
+	write(t, s, minimalExecution("exec-fork2", "agent-α", wire.ExecRunning), copyOf(s1, "exec-fork2", "fork2-c1", 1),
+		copyOf(s1, "exec-fork2", "fork2-c1b", 2))
+	refs = val(r.CopyRefs(ctx, "exec-fork2")).get(t, "CopyRefs")
+	if len(refs) != 1 || refs[0] != [2]string{"exec-src", "src-s1"} {
+		t.Errorf("CopyRefs of two copies of one step: %v", refs)
+	}
+}
+
+func testListForks(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	root := minimalExecution("exec-1root", "agent-a", wire.ExecCompleted)
+	mk := func(id, agent, from string) *store.Execution {
+		e := minimalExecution(id, agent, wire.ExecRunning)
+		e.ForkedFrom, e.ForkSeq, e.Restoration = from, 3, []byte(`{}`)
+		return e
+	}
+	f1, f2, f3 := mk("exec-2f1", "agent-a", root.ID), mk("exec-3f2", "agent-b", root.ID), mk("exec-4f3", "agent-a", root.ID)
+	g := mk("exec-5g", "agent-a", f1.ID)
+	plain := minimalExecution("exec-6plain", "agent-a", wire.ExecRunning)
+	write(t, s, root, f1, f2, f3, g, plain)
+	r := s.Read()
+	list := func(f store.ExecutionFilter) []string {
+		t.Helper()
+		return executionIDs(val(r.ListExecutions(ctx, f)).get(t, "ListExecutions"))
+	}
+	sameStrings(t, "direct forks, newest first", list(store.ExecutionFilter{ForkedFrom: root.ID, Limit: 10}), []string{f3.ID, f2.ID, f1.ID})
+	sameStrings(t, "forks, first page", list(store.ExecutionFilter{ForkedFrom: root.ID, Limit: 2}), []string{f3.ID, f2.ID})
+	sameStrings(t, "forks, after a cursor", list(store.ExecutionFilter{ForkedFrom: root.ID, Cursor: f2.ID, Limit: 2}), []string{f1.ID})
+	sameStrings(t, "forks of one agent", list(store.ExecutionFilter{ForkedFrom: root.ID, AgentID: "agent-b", Limit: 10}), []string{f2.ID})
+	sameStrings(t, "forks of a fork", list(store.ExecutionFilter{ForkedFrom: f1.ID, Limit: 10}), []string{g.ID})
+	sameStrings(t, "forks of an execution without any", list(store.ExecutionFilter{ForkedFrom: plain.ID, Limit: 10}), []string{})
+	sameStrings(t, "every execution", list(store.ExecutionFilter{Limit: 10}), []string{plain.ID, g.ID, f3.ID, f2.ID, f1.ID, root.ID})
+	same(t, "a fork read back", val(r.Execution(ctx, f2.ID)).get(t, "Execution"), f2)
+}
+
+func testDeleteExecutionKeepsSharedBodies(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	src := minimalExecution("exec-src", "agent-α", wire.ExecCompleted)
+	s1 := fullStep("exec-src", "src-s1")
+	s2 := simpleStep("exec-src", "src-s2", 8, wire.StepSucceeded)
+	s2.Result = []byte(`"only the source has me"`)
+	fork := minimalExecution("exec-fork", "agent-α", wire.ExecCompleted)
+	fork2 := minimalExecution("exec-fork2", "agent-α", wire.ExecRunning)
+	c1, c2 := copyOf(s1, fork.ID, "fork-c1", 1), copyOf(s1, fork2.ID, "fork2-c1", 1)
+	write(t, s, src, events(src.ID, 1, 5), []*store.Step{s1, s2}, fork, events(fork.ID, 1, 3), c1, fork2, c2)
+	insertAll(t, s, []*store.Resource{{ExecutionID: src.ID, Key: "w", DriverID: "d", RegisteredSeq: 2}}, insertResource)
+	insertAll(t, s, []*store.Checkpoint{{ExecutionID: src.ID, Key: "w", CoveredSeq: 3, CheckpointRef: "B0"}}, insertCheckpoint)
+	r := s.Read()
+
+	// Deleting the source keeps the body its forks share, and nothing else.
+	update(t, s, src.ID, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, src.ID) })
+	_, err := r.Execution(ctx, src.ID)
+	wantNotFound(t, "deleted source", err)
+	_, err = r.Step(ctx, src.ID, s2.StepID)
+	wantNotFound(t, "the source's unshared step", err)
+	if evs := val(r.Events(ctx, src.ID, 0, big)).get(t, "Events"); len(evs) != 0 {
+		t.Errorf("events of the deleted source: %d", len(evs))
+	}
+	if l := val(r.Resources(ctx, src.ID)).get(t, "Resources"); len(l) != 0 {
+		t.Errorf("resources of the deleted source: %d", len(l))
+	}
+	if l := val(r.Checkpoints(ctx, src.ID)).get(t, "Checkpoints"); len(l) != 0 {
+		t.Errorf("checkpoints of the deleted source: %d", len(l))
+	}
+	same(t, "copy after its source was deleted", val(r.Step(ctx, fork.ID, c1.StepID)).get(t, "Step"), asRead(c1, s1))
+	same(t, "another fork's copy", val(r.Step(ctx, fork2.ID, c2.StepID)).get(t, "Step"), asRead(c2, s1))
+	sameList(t, "the fork's events", val(r.Events(ctx, fork.ID, 0, big)).get(t, "Events"), events(fork.ID, 1, 3))
+
+	// Deleting one fork keeps the body the other still shares.
+	update(t, s, fork.ID, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, fork.ID) })
+	_, err = r.Step(ctx, fork.ID, c1.StepID)
+	wantNotFound(t, "the deleted fork's copy", err)
+	same(t, "the last copy", val(r.Step(ctx, fork2.ID, c2.StepID)).get(t, "Step"), asRead(c2, s1))
+
+	// Deleting the last copy drops the kept body: nothing leaks.
+	update(t, s, fork2.ID, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, fork2.ID) })
+	_, err = r.Step(ctx, src.ID, s1.StepID)
+	wantNotFound(t, "the shared body after its last copy was deleted", err)
+	if steps := val(r.Steps(ctx, src.ID, nil, 0, big)).get(t, "Steps"); len(steps) != 0 {
+		t.Errorf("steps of the source after every copy was deleted: %d", len(steps))
+	}
+
+	// A fork deleted before its source leaves the source's steps alone.
+	src2 := minimalExecution("exec-src2", "agent-α", wire.ExecCompleted)
+	t1 := simpleStep(src2.ID, "src2-s1", 1, wire.StepSucceeded)
+	t1.Result = []byte(`{"k" : 1}`)
+	fork3 := minimalExecution("exec-fork3", "agent-α", wire.ExecCompleted)
+	c3 := copyOf(t1, fork3.ID, "fork3-c1", 1)
+	write(t, s, src2, t1, fork3, c3)
+	update(t, s, fork3.ID, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, fork3.ID) })
+	same(t, "the source's step after its fork was deleted", val(r.Step(ctx, src2.ID, t1.StepID)).get(t, "Step"), t1)
 }

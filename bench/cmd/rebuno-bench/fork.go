@@ -1,0 +1,320 @@
+package main
+
+// FORK: the fork target of RESOURCES-AND-FORKS §5.6 and the coverage query
+// targets of §4.2, measured over HTTP against the real kernel. The source
+// executions are written through the store while the kernel is stopped, as
+// P4 writes its long history.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/rebuno/rebuno/internal/identity"
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/store/sqlite"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// forkSource is a completed execution written through the store.
+type forkSource struct {
+	id       string
+	steps    int
+	body     int   // result bytes per step
+	lastSeq  int64 // its last event
+	events   int64
+	ckpts    int
+	bodySize int64 // all result bytes
+}
+
+const (
+	forkTarget = "bench.write"
+	forkArgs   = `{"path":"f.txt"}`
+	forkKey    = "workspace"
+)
+
+// insertForkSource writes an execution of agentID with n succeeded tool
+// steps declaring one resource, each with a result of body bytes and the
+// four events the kernel appends for it, and ckpts checkpoints accepted with
+// the outcomes of evenly spaced steps (the last one, after the last step,
+// still open), then completes it.
+func insertForkSource(path, agentID string, n, body, ckpts int) (*forkSource, error) {
+	st, err := sqlite.Open(sqlite.Options{Path: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	src := &forkSource{id: uuid.Must(uuid.NewV7()).String(), steps: n, body: body, ckpts: ckpts}
+	argsHash, err := identity.ArgsHashBytes([]byte(forkArgs))
+	if err != nil {
+		return nil, err
+	}
+	input := []byte(fmt.Sprintf(`{"bench":"fork","steps":%d,"body":%d}`, n, body))
+	e := &store.Execution{ID: src.id, AgentID: agentID, Input: input, Status: wire.ExecRunning, CreatedAt: now, UpdatedAt: now,
+		ResourceKeys: []string{forkKey}, ByteCount: int64(len(input))}
+	every := max(n/max(ckpts, 1), 1)
+	res := &store.Resource{ExecutionID: src.id, Key: forkKey, DriverID: "rebuno.local_directory.v1", Configuration: []byte(`{"template":null}`),
+		EverySteps: int64(every), OnCompletion: true}
+	var evs []*store.Event
+	emit := func(typ string, p *jsonx.Object) {
+		b := p.Bytes()
+		e.LastSeq++
+		e.ByteCount += int64(len(b))
+		evs = append(evs, &store.Event{ExecutionID: src.id, Seq: e.LastSeq, Type: typ, Payload: b, OccurredAt: now})
+	}
+	emit(wire.EventExecutionCreated, (&jsonx.Object{}).String("execution_id", src.id).String("status", wire.ExecPending).String("agent_id", agentID))
+	emit(wire.EventExecutionStarted, (&jsonx.Object{}).String("execution_id", src.id).String("status", wire.ExecRunning))
+	emit("resource.registered", (&jsonx.Object{}).String("key", forkKey).String("driver_id", res.DriverID).Raw("configuration", res.Configuration).
+		Bool("coverage_reuse", false).Int("every_steps", res.EverySteps).Bool("on_completion", true))
+	res.RegisteredSeq = e.LastSeq
+	err = st.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {
+		if err := tx.InsertExecution(ctx, e); err != nil {
+			return err
+		}
+		if err := tx.InsertResource(ctx, res); err != nil {
+			return err
+		}
+		return tx.AppendEvents(ctx, evs)
+	})
+	if err != nil {
+		return nil, err
+	}
+	args := []byte(forkArgs)
+	result := []byte(`"` + strings.Repeat("x", max(body-2, 0)) + `"`)
+	chunk := max(1, min(1000, (64<<20)/max(body, 1))) // keep one transaction's bodies under 64 MiB
+	var open *store.Checkpoint                        // the checkpoint that still covers
+	openWritten, made := false, 0
+	for lo := 0; lo < n; lo += chunk {
+		evs = evs[:0]
+		var steps []*store.Step
+		var rows []*store.Checkpoint
+		closeWritten := int64(0) // a start closing a row an earlier transaction wrote
+		for i := lo; i < min(lo+chunk, n); i++ {
+			s := &store.Step{ExecutionID: src.id, StepID: identity.StepID(src.id, wire.KindToolCall, forkTarget, argsHash, int64(i)),
+				Kind: wire.KindToolCall, Target: forkTarget, ArgsHash: argsHash, Occurrence: int64(i), Status: wire.StepSucceeded,
+				Idempotency: wire.SafeToRetry, Args: args, Result: result, Resources: []string{forkKey}, StartedAt: now, CompletedAt: now}
+			e.StepOrder++
+			e.StepCount++
+			s.Order = e.StepOrder
+			e.ByteCount += int64(len(args) + len(result))
+			src.bodySize += int64(len(result))
+			res.Generation++
+			res.StartsSinceCheckpoint++
+			p := func() *jsonx.Object {
+				return (&jsonx.Object{}).String("step_id", s.StepID).String("step_type", s.Kind).String("target", s.Target)
+			}
+			emit(wire.EventStepProposed, p())
+			emit(wire.EventStepAllowed, p())
+			emit(wire.EventStepExecuting, p().Strings("resources", []string{forkKey}).Raw("generations",
+				(&jsonx.Object{}).Int(forkKey, res.Generation).Bytes()))
+			if open != nil {
+				open.InvalidatedSeq = e.LastSeq
+				if openWritten {
+					closeWritten = e.LastSeq
+				}
+				open = nil
+			}
+			emit(wire.EventStepSucceeded, p())
+			s.TerminalSeq = e.LastSeq
+			if (i+1)%every == 0 && made < ckpts {
+				// A capture accepted with this step's outcome.
+				c := &store.Checkpoint{ExecutionID: src.id, Key: forkKey, CoveredSeq: e.LastSeq, Generation: res.Generation,
+					CheckpointRef: fmt.Sprintf("sha256:%064x", i)}
+				emit("resource.checkpointed", (&jsonx.Object{}).String("key", forkKey).Int("generation", c.Generation).
+					String("checkpoint_ref", c.CheckpointRef).Int("covered_seq", c.CoveredSeq))
+				rows = append(rows, c)
+				open, openWritten = c, false
+				res.StartsSinceCheckpoint = 0
+				made++
+			}
+			steps = append(steps, s)
+		}
+		err := st.Update(ctx, src.id, func(ctx context.Context, tx store.Tx) error {
+			if closeWritten != 0 {
+				if err := tx.InvalidateCheckpoints(ctx, src.id, forkKey, closeWritten); err != nil {
+					return err
+				}
+			}
+			for _, s := range steps {
+				if err := tx.InsertStep(ctx, s); err != nil {
+					return err
+				}
+			}
+			for _, c := range rows {
+				if err := tx.InsertCheckpoint(ctx, c); err != nil {
+					return err
+				}
+			}
+			return tx.AppendEvents(ctx, evs)
+		})
+		if err != nil {
+			return nil, err
+		}
+		openWritten = open != nil
+	}
+	evs = evs[:0]
+	e.Status, e.Output, e.UpdatedAt = wire.ExecCompleted, []byte(`{"done":true}`), now
+	emit(wire.EventExecutionCompleted, (&jsonx.Object{}).String("execution_id", src.id).String("status", wire.ExecCompleted).Raw("output", e.Output))
+	err = st.Update(ctx, src.id, func(ctx context.Context, tx store.Tx) error {
+		if err := tx.AppendEvents(ctx, evs); err != nil {
+			return err
+		}
+		if err := tx.UpdateResource(ctx, res); err != nil {
+			return err
+		}
+		rows, err := tx.Checkpoints(ctx, src.id)
+		if err != nil {
+			return err
+		}
+		src.ckpts = len(rows)
+		return tx.UpdateExecution(ctx, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	src.lastSeq, src.events = e.LastSeq, e.LastSeq
+	return src, nil
+}
+
+func (b *bench) runFORK(ctx context.Context) *metricResult {
+	m := newMetric("FORK", "fork cost and coverage queries (RESOURCES-AND-FORKS §5.6, §4.2)")
+	m.Conditions = b.conditions("1 (one request at a time; each fork's first delivery is awaited before the next sample)")
+	n, samples := b.cfg.ForkSteps, b.cfg.ForkSamples
+	k, c, err := b.freshKernel("fork")
+	if err != nil {
+		m.Failed = err.Error()
+		return m
+	}
+	defer b.stopKernel(k)
+	k.Stop()
+	var sources []*forkSource
+	for _, body := range []int{4 << 10, 64 << 10} {
+		t0 := time.Now()
+		src, err := insertForkSource(k.db, b.agentID, n, body, 100)
+		if err != nil {
+			m.Failed = "insert source: " + err.Error()
+			return m
+		}
+		m.addValue(fmt.Sprintf("source with %d KiB results: %d steps, %d events, %d checkpoints, written in", body>>10, src.steps, src.events, src.ckpts),
+			time.Since(t0).Seconds(), "s")
+		sources = append(sources, src)
+	}
+	m.addValue("database size after insert", mib(dbSize(k.db)), "MiB")
+	if err := k.start(); err != nil {
+		m.Failed = "restart kernel: " + err.Error()
+		return m
+	}
+	c.SetBase(k.URL)
+
+	fork := func(src *forkSource, at int64) (time.Duration, error) {
+		t0 := time.Now()
+		body, err := c.bearer("POST", "/v0/executions/"+src.id+"/fork", fmt.Appendf(nil, `{"at_seq":%d}`, at), http.StatusCreated)
+		took := time.Since(t0)
+		if err != nil {
+			return took, err
+		}
+		var f struct {
+			ID      string `json:"id"`
+			ForkSeq int64  `json:"fork_seq"`
+		}
+		if err := json.Unmarshal(body, &f); err != nil || f.ForkSeq != at || f.ID == "" {
+			return took, fmt.Errorf("fork answer %s: %v", body, err)
+		}
+		if _, err := b.recv.wait(ctx, f.ID, 30*time.Second); err != nil {
+			return took, err
+		}
+		return took, nil
+	}
+	// One fork of each warms the caches; then the samples alternate.
+	for _, src := range sources {
+		if _, err := fork(src, src.lastSeq); err != nil {
+			m.Failed = "first fork: " + err.Error()
+			return m
+		}
+	}
+	m.cpu = &cpuSampler{}
+	m.cpu.start(k)
+	times := make([][]time.Duration, len(sources))
+	for i := 0; i < samples && ctx.Err() == nil; i++ {
+		for j, src := range sources {
+			took, err := fork(src, src.lastSeq)
+			if err != nil {
+				m.errs.add(err)
+				continue
+			}
+			times[j] = append(times[j], took)
+		}
+	}
+	// Coverage queries on the 4 KiB source: the point answer at random
+	// seqs and the ranges over the whole log.
+	rng := rand.New(rand.NewPCG(3, 4))
+	var points, ranges []time.Duration
+	src := sources[0]
+	for i := 0; i < 20*samples && ctx.Err() == nil; i++ {
+		at := 1 + rng.Int64N(src.lastSeq)
+		t0 := time.Now()
+		_, err := c.bearer("GET", fmt.Sprintf("/v0/executions/%s/coverage?at_seq=%d", src.id, at), nil, http.StatusOK)
+		if err != nil {
+			m.errs.add(err)
+			continue
+		}
+		points = append(points, time.Since(t0))
+	}
+	for i := 0; i < 2*samples && ctx.Err() == nil; i++ {
+		t0 := time.Now()
+		body, err := c.bearer("GET", "/v0/executions/"+src.id+"/coverage", nil, http.StatusOK)
+		if err != nil {
+			m.errs.add(err)
+			continue
+		}
+		ranges = append(ranges, time.Since(t0))
+		if i == 0 {
+			var r struct {
+				Ranges [][2]int64 `json:"covered_ranges"`
+			}
+			if err := json.Unmarshal(body, &r); err != nil || len(r.Ranges) != src.ckpts+1 {
+				m.errs.add(fmt.Errorf("ranges answer has %d ranges, want %d (%v)", len(r.Ranges), src.ckpts+1, err))
+			}
+		}
+	}
+	m.cpu.stop()
+	m.finishKernel(k)
+
+	s4 := m.addLatency(fmt.Sprintf("fork at the last event, %d steps, 4 KiB results", n), times[0])
+	s64 := m.addLatency(fmt.Sprintf("fork at the last event, %d steps, 64 KiB results", n), times[1])
+	p4, p64 := percentile(times[0], 0.95), percentile(times[1], 0.95)
+	pp := summarize(points)
+	pr := summarize(ranges)
+	m.addLatency(fmt.Sprintf("coverage point query, %d steps", n), points)
+	m.addLatency(fmt.Sprintf("coverage ranges query, %d steps, %d checkpoints", n, src.ckpts), ranges)
+	m.addValue("fork p95, 4 KiB results", msf(p4), "ms")
+	m.addValue("fork p95, 64 KiB results", msf(p64), "ms")
+	if s4.N > 0 && s64.N > 0 && p4 > 0 {
+		ratio := float64(p64) / float64(p4)
+		m.addValue("fork p95 ratio, 64 KiB / 4 KiB results", ratio, "×")
+		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB)", n), "< 500 ms", ms(p4), p4 < 500*time.Millisecond)
+		m.addTarget("fork p95 64 KiB / 4 KiB", "≤ 1.5×", fmt.Sprintf("%.2f×", ratio), ratio <= 1.5)
+	} else {
+		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB)", n), "< 500 ms", "no samples", false)
+	}
+	p95p, p95r := percentile(points, 0.95), percentile(ranges, 0.95)
+	m.addTarget("coverage point p95", "< 10 ms", ms(p95p), pp.N > 0 && p95p < 10*time.Millisecond)
+	m.addTarget("coverage ranges p95", "< 50 ms", ms(p95r), pr.N > 0 && p95r < 50*time.Millisecond)
+	m.note("each fork is POST /v0/executions/{id}/fork at the source's last event (covered, so every step and checkpoint is copied), timed at the client; its first delivery is awaited before the next")
+	m.note("the sources (steps, their events, 100 checkpoints, one resource) were written with internal/store/sqlite while the kernel was stopped")
+	if n != 10000 {
+		m.note("-fork-steps is %d: the §5.6 target is stated for 10,000 steps", n)
+	}
+	return m
+}
