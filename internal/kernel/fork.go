@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/identity"
@@ -36,6 +38,7 @@ type forkPlan struct {
 	resources   []*store.Resource   // copied resources, in registration order
 	checkpoints []*store.Checkpoint // per key, by covered_seq
 	kept        []*store.Event      // kept source events, in order
+	keptValues  []*jsonx.Value      // their parsed payloads
 	generations map[string]int64    // generation of each key at the fork point
 	covered     map[string]bool     // coverage of each key at the fork point
 	restoreAt   map[string]*store.Checkpoint
@@ -118,24 +121,22 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 		restoreAt: map[string]*store.Checkpoint{}}
 
 	copied := map[string]bool{}
-	err := k.EachStepPage(ctx, Caller{}, source.ID, "", func(page []*store.Step) error {
+	for after := int64(0); ; {
+		page, err := rd.FinishedStepHeads(ctx, source.ID, at, after, wire.StepsPageSize)
+		if err != nil {
+			return nil, fmt.Errorf("read steps: %w", err)
+		}
 		for _, s := range page {
-			copyable := s.Status == wire.StepSucceeded || s.Status == wire.StepFailed || s.Status == wire.StepDenied
-			if !copyable || s.TerminalSeq == 0 || s.TerminalSeq > at {
-				continue
-			}
+			after = s.Order
 			if s.Status == wire.StepDenied && cleanupReasons[s.ErrorReason] {
 				continue
 			}
-			// A copy shares its source's bodies: keep none in the plan.
-			s.Args, s.Result, s.Error = nil, nil, nil
 			p.steps = append(p.steps, s)
 			copied[s.StepID] = true
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+		if len(page) < wire.StepsPageSize {
+			break
+		}
 	}
 
 	resources, err := rd.Resources(ctx, source.ID)
@@ -165,10 +166,13 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 				break
 			}
 			after = ev.Seq
-			if keep, err := p.observe(ev, copied, copiedKey); err != nil {
+			v, keep, err := p.observe(ev, copied, copiedKey)
+			if err != nil {
 				return nil, err
-			} else if keep {
+			}
+			if keep {
 				p.kept = append(p.kept, ev)
+				p.keptValues = append(p.keptValues, v)
 			}
 		}
 		if len(evs) < wire.MaxEventsLimit {
@@ -199,15 +203,16 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 }
 
 // observe records what one source event at or before the fork point tells
-// the plan, and reports whether the fork's log keeps it.
-func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]bool) (bool, error) {
-	isStep := len(ev.Type) > 5 && ev.Type[:5] == "step."
+// the plan, and reports whether the fork's log keeps it, with its parsed
+// payload.
+func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]bool) (*jsonx.Value, bool, error) {
+	isStep := strings.HasPrefix(ev.Type, "step.")
 	if !isStep && ev.Type != EventResourceRegistered && ev.Type != EventResourceInitialized {
-		return false, nil
+		return nil, false, nil
 	}
 	v, err := jsonx.Parse(ev.Payload, wire.MaxNesting)
 	if err != nil {
-		return false, fmt.Errorf("event %d: %w", ev.Seq, err)
+		return nil, false, fmt.Errorf("event %d: %w", ev.Seq, err)
 	}
 	switch {
 	case ev.Type == wire.EventStepExecuting:
@@ -226,9 +231,9 @@ func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]boo
 		}
 	}
 	if isStep {
-		return ev.Type != wire.EventStepRateLimited && copiedStep[stringField(v, "step_id")], nil
+		return v, ev.Type != wire.EventStepRateLimited && copiedStep[stringField(v, "step_id")], nil
 	}
-	return copiedKey[stringField(v, "key")], nil
+	return v, copiedKey[stringField(v, "key")], nil
 }
 
 func stringField(v *jsonx.Value, key string) string {
@@ -242,8 +247,7 @@ func intValue(v *jsonx.Value) (int64, bool) {
 	if v == nil || v.Kind != jsonx.KindNumber {
 		return 0, false
 	}
-	var n int64
-	_, err := fmt.Sscan(string(v.Raw), &n)
+	n, err := strconv.ParseInt(string(v.Raw), 10, 64)
 	return n, err == nil
 }
 
@@ -297,11 +301,8 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	// source's occurred_at and are not counted against the fork's limits.
 	sourceSeqs := make([]int64, 0, len(p.kept))
 	copies := make([]*store.Event, 0, len(p.kept))
-	for _, ev := range p.kept {
-		payload, err := rewriteStepID(ev.Payload, ids)
-		if err != nil {
-			return nil, fmt.Errorf("copy event %d: %w", ev.Seq, err)
-		}
+	for i, ev := range p.kept {
+		payload := rewriteStepID(ev.Payload, p.keptValues[i], ids)
 		e.LastSeq++
 		copies = append(copies, &store.Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: ev.Type, Payload: payload, OccurredAt: ev.OccurredAt})
 		sourceSeqs = append(sourceSeqs, ev.Seq)
@@ -315,6 +316,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		return copies[i-1].Seq
 	}
 
+	copiesOfSteps := make([]*store.Step, 0, len(p.steps))
 	for _, s := range p.steps {
 		c := *s
 		c.ExecutionID = e.ID
@@ -326,9 +328,10 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		c.Order = e.StepOrder
 		c.TerminalSeq = mapSeq(s.TerminalSeq)
 		c.DispatchID, c.Attempt, c.StartInfo = "", 0, nil
-		if err := o.tx.InsertStep(o.ctx, &c); err != nil {
-			return nil, fmt.Errorf("copy step: %w", err)
-		}
+		copiesOfSteps = append(copiesOfSteps, &c)
+	}
+	if err := o.tx.InsertSteps(o.ctx, copiesOfSteps); err != nil {
+		return nil, fmt.Errorf("copy steps: %w", err)
 	}
 
 	for i, r := range p.resources {
@@ -406,15 +409,11 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 }
 
 // rewriteStepID replaces a payload's step_id by the copy's id; every other
-// member is kept byte for byte.
-func rewriteStepID(payload []byte, ids map[string]string) ([]byte, error) {
-	v, err := jsonx.Parse(payload, wire.MaxNesting)
-	if err != nil {
-		return nil, err
-	}
+// member is kept byte for byte. v is the parsed payload.
+func rewriteStepID(payload []byte, v *jsonx.Value, ids map[string]string) []byte {
 	id := stringField(v, "step_id")
 	if id == "" || ids[id] == "" {
-		return payload, nil
+		return payload
 	}
 	o := &jsonx.Object{}
 	for _, m := range v.Members {
@@ -424,7 +423,7 @@ func rewriteStepID(payload []byte, ids map[string]string) ([]byte, error) {
 		}
 		o.Raw(m.Key, m.Value.Raw)
 	}
-	return o.Bytes(), nil
+	return o.Bytes()
 }
 
 // ListForks pages the direct forks of an execution, newest first (§5.3).

@@ -49,6 +49,11 @@ type Reader interface {
 	// Steps returns steps in recording order with order > afterOrder, keeping
 	// only the given statuses (all when empty).
 	Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*Step, error)
+	// FinishedStepHeads pages the steps that succeeded, failed or were
+	// denied by seq upTo, in recording order after afterOrder, without their
+	// args, result and error: what a fork copies (its copies share the
+	// bodies, so reading them would only cost time and memory).
+	FinishedStepHeads(ctx context.Context, executionID string, upTo, afterOrder int64, limit int) ([]*Step, error)
 	// OpenSteps returns the steps in status allowed or executing, in
 	// recording order.
 	OpenSteps(ctx context.Context, executionID string) ([]*Step, error)
@@ -122,6 +127,7 @@ type Tx interface {
 	AppendEvents(ctx context.Context, events []*Event) error
 
 	InsertStep(ctx context.Context, s *Step) error
+	InsertSteps(ctx context.Context, steps []*Step) error
 	UpdateStep(ctx context.Context, s *Step) error
 
 	InsertDispatch(ctx context.Context, d *Dispatch) error

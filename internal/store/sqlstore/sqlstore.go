@@ -357,6 +357,17 @@ func (q *Queries) Steps(ctx context.Context, executionID string, statuses []stri
 	return list(ctx, q, scanStep, query, args...)
 }
 
+// stepHeadCols are stepCols without the bodies.
+const stepHeadCols = `s.execution_id, s.step_id, s.step_order, s.kind, s.target, s.args_hash, s.occurrence, s.status, s.idempotency,
+ NULL, NULL, NULL, s.error_reason, s.resources, s.started_at, s.completed_at, s.dispatch_id, s.attempt, s.terminal_seq,
+ s.start_info, s.body_execution_id, s.body_step_id`
+
+func (q *Queries) FinishedStepHeads(ctx context.Context, executionID string, upTo, afterOrder int64, limit int) ([]*store.Step, error) {
+	return list(ctx, q, scanStep, `SELECT `+stepHeadCols+` FROM steps s WHERE s.execution_id = ? AND s.step_order > ?
+ AND s.status IN ('succeeded','failed','denied') AND s.terminal_seq BETWEEN 1 AND ? ORDER BY s.step_order LIMIT ?`,
+		executionID, afterOrder, upTo, limit)
+}
+
 func (q *Queries) OpenSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
 	// Only a terminal transition asks, once per execution, so the scan of the
 	// execution's steps in recording order costs less than an index that
@@ -385,15 +396,41 @@ func (q *Queries) HasIndeterminate(ctx context.Context, executionID, kind, targe
 }
 
 func (t *Tx) InsertStep(ctx context.Context, s *store.Step) error {
-	// A copy stores no bodies of its own.
-	args, result, errBody := s.Args, s.Result, s.Error
-	if s.BodyStepID != "" {
-		args, result, errBody = nil, nil, nil
+	return t.InsertSteps(ctx, []*store.Step{s})
+}
+
+// stepsPerInsert keeps one multi-row insert under SQLite's limit of 32,766
+// bound variables (22 per step).
+const stepsPerInsert = 1000
+
+// InsertSteps inserts steps with as few statements as it can: a fork copies
+// thousands at once.
+func (t *Tx) InsertSteps(ctx context.Context, steps []*store.Step) error {
+	for len(steps) > 0 {
+		n := min(len(steps), stepsPerInsert)
+		var b strings.Builder
+		b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
+		args := make([]any, 0, 22*n)
+		for i, s := range steps[:n] {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+			// A copy stores no bodies of its own.
+			body, result, errBody := s.Args, s.Result, s.Error
+			if s.BodyStepID != "" {
+				body, result, errBody = nil, nil, nil
+			}
+			args = append(args, s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status,
+				s.Idempotency, body, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt),
+				ts(s.CompletedAt), s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
+		}
+		if err := t.exec(ctx, b.String(), args...); err != nil {
+			return err
+		}
+		steps = steps[n:]
 	}
-	return t.exec(ctx, `INSERT INTO steps (`+stepInsertCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
-		args, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt),
-		s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
+	return nil
 }
 
 func (t *Tx) UpdateStep(ctx context.Context, s *store.Step) error {
