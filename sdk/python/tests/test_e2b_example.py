@@ -1,4 +1,4 @@
-"""The seed's E2B driver (`examples/python/e2b/workspace_resource.py`), unchanged,
+"""The seed's E2B driver (`examples/python/resources/workspace_resource.py`), unchanged,
 runs with `resource()`: here against a stand-in `e2b` module and the in-memory
 kernel. The real E2B run needs `E2B_API_KEY` and is not part of this suite."""
 
@@ -17,7 +17,7 @@ from rebuno import CheckpointPolicy, resource, tool
 
 from .resource_fakes import ResourceKernel, run_handler
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "python" / "e2b" / "workspace_resource.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "python" / "resources" / "workspace_resource.py"
 
 
 class _Files:
