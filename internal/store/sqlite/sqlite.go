@@ -122,7 +122,7 @@ func Open(opt Options) (*Store, error) {
 	// the WAL does), and a larger page cache saves re-reading hot pages.
 	// The writer never checkpoints below walSafetyPages; the checkpointer
 	// does it sooner, off the writer's path.
-	writeDSN := base + "&_pragma=synchronous(" + syncMode + ")&_pragma=temp_store(MEMORY)&_pragma=cache_size(-65536)" +
+	writeDSN := base + "&_pragma=synchronous(" + syncMode + ")&_pragma=temp_store(MEMORY)&_pragma=cache_size(-8192)" +
 		"&_pragma=wal_autocheckpoint(" + strconv.Itoa(walSafetyPages) + ")"
 	if s.write, err = sql.Open("sqlite", writeDSN); err != nil {
 		s.removeTemp()
