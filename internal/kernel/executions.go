@@ -65,7 +65,7 @@ func (k *Kernel) CreateExecution(ctx context.Context, r CreateRequest) (*store.E
 			return fmt.Errorf("read agent: %w", err)
 		}
 		if r.ParentExecutionID != "" {
-			parent, err := tx.Execution(ctx, r.ParentExecutionID)
+			parent, err := tx.ExecutionHead(ctx, r.ParentExecutionID)
 			if err != nil {
 				return notFoundOr(err, "parent execution")
 			}
@@ -354,6 +354,9 @@ func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h D
 		o.e.Output = out
 		o.e.State = r.State
 		o.e.ByteCount += int64(len(out) + len(r.State))
+		if err := o.tx.SetExecutionResult(o.ctx, id, out, r.State); err != nil {
+			return fmt.Errorf("store output: %w", err)
+		}
 		return o.terminate(wire.ExecCompleted, "", wire.CauseExecutionCompleted)
 	})
 	if errors.Is(err, errStorageLimit) {

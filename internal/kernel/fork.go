@@ -71,7 +71,7 @@ func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*sto
 	var fork *store.Execution
 	err = k.update(ctx, sourceID, func(o *op) error {
 		fork = nil
-		if _, err := o.tx.Execution(o.ctx, sourceID); err != nil {
+		if _, err := o.tx.ExecutionHead(o.ctx, sourceID); err != nil {
 			return notFoundOr(err, "execution")
 		}
 		if _, err := o.tx.Agent(o.ctx, source.AgentID); err != nil {

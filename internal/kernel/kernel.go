@@ -174,7 +174,7 @@ func (k *Kernel) newOp(ctx context.Context, tx store.Tx) *op {
 // load reads the execution the operation is about and checks the caller may
 // act on it (404, then 403).
 func (o *op) load(id string, c Caller) error {
-	e, err := o.tx.Execution(o.ctx, id)
+	e, err := o.tx.ExecutionHead(o.ctx, id)
 	if err != nil {
 		return notFoundOr(err, "execution")
 	}

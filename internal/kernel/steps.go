@@ -591,7 +591,7 @@ func (k *Kernel) StreamDelta(ctx context.Context, c Caller, id, stepID string, h
 		return validation("data", "data is not valid UTF-8")
 	}
 	r := k.store.Read()
-	e, err := r.Execution(ctx, id)
+	e, err := r.ExecutionHead(ctx, id)
 	if err != nil {
 		return notFoundOr(err, "execution")
 	}

@@ -112,7 +112,7 @@ func (k *Kernel) Sweep(ctx context.Context) {
 // terminal and still old enough.
 func (k *Kernel) retire(ctx context.Context, id string, cutoff time.Time) error {
 	return k.store.Update(ctx, id, func(ctx context.Context, tx store.Tx) error {
-		e, err := tx.Execution(ctx, id)
+		e, err := tx.ExecutionHead(ctx, id)
 		if err != nil {
 			return nil
 		}

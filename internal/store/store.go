@@ -41,6 +41,10 @@ type Store interface {
 // outside one (Store.Read).
 type Reader interface {
 	Execution(ctx context.Context, id string) (*Execution, error)
+	// ExecutionHead reads an execution without its input, output and state:
+	// what operations on it need. In a write transaction it takes the
+	// execution's lock where the backend needs one.
+	ExecutionHead(ctx context.Context, id string) (*Execution, error)
 	ListExecutions(ctx context.Context, f ExecutionFilter) ([]*Execution, error)
 	// Events returns events with seq > afterSeq in ascending order.
 	Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*Event, error)
@@ -121,8 +125,10 @@ type Tx interface {
 	Reader
 
 	InsertExecution(ctx context.Context, e *Execution) error
-	// UpdateExecution writes the mutable fields of e.
+	// UpdateExecution writes the mutable fields of e except output and state.
 	UpdateExecution(ctx context.Context, e *Execution) error
+	// SetExecutionResult stores what an execution completed with.
+	SetExecutionResult(ctx context.Context, id string, output, state []byte) error
 	DeleteExecution(ctx context.Context, id string) error
 	AppendEvents(ctx context.Context, events []*Event) error
 

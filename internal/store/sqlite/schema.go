@@ -21,10 +21,7 @@ CREATE TABLE executions (
   id TEXT PRIMARY KEY,
   agent_id TEXT NOT NULL,
   agent_version TEXT NOT NULL DEFAULT '',
-  input BLOB NOT NULL,
   status TEXT NOT NULL,
-  output BLOB,
-  state BLOB,
   failure_reason TEXT NOT NULL DEFAULT '',
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
@@ -43,6 +40,15 @@ CREATE TABLE executions (
   byte_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX executions_by_agent ON executions (agent_id, id);
+
+-- The user values of an execution live apart from its row: every operation
+-- rewrites the row, and SQLite rewrites a whole row, large values included.
+CREATE TABLE execution_values (
+  execution_id TEXT PRIMARY KEY,
+  input BLOB NOT NULL,
+  output BLOB,
+  state BLOB
+);
 CREATE INDEX executions_by_status ON executions (status, id);
 CREATE INDEX executions_live_deadline ON executions (deadline_at)
   WHERE deadline_at > 0 AND status IN ('pending','running','blocked');
@@ -68,9 +74,6 @@ CREATE TABLE steps (
   occurrence INTEGER NOT NULL,
   status TEXT NOT NULL,
   idempotency TEXT NOT NULL,
-  args BLOB,
-  result BLOB,
-  error BLOB,
   error_reason TEXT NOT NULL DEFAULT '',
   resources TEXT NOT NULL DEFAULT '[]',
   started_at INTEGER NOT NULL DEFAULT 0,
@@ -78,9 +81,14 @@ CREATE TABLE steps (
   dispatch_id TEXT NOT NULL DEFAULT '',
   attempt INTEGER NOT NULL DEFAULT 0,
   terminal_seq INTEGER NOT NULL DEFAULT 0,
-  start_info BLOB,
   body_execution_id TEXT NOT NULL DEFAULT '',
   body_step_id TEXT NOT NULL DEFAULT '',
+  -- Bodies last: SQLite reads a row's columns in order, and a large body
+  -- spills into overflow pages that reading any later column would walk.
+  start_info BLOB,
+  args BLOB,
+  result BLOB,
+  error BLOB,
   PRIMARY KEY (execution_id, step_id)
 );
 CREATE INDEX steps_by_identity ON steps (execution_id, kind, target, args_hash, occurrence);

@@ -146,33 +146,52 @@ var nonTerminalList = "'" + wire.ExecPending + "','" + wire.ExecRunning + "','" 
 
 // ---- executions ----
 
-const executionCols = `id, agent_id, agent_version, input, status, output, state, failure_reason,
- created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
- forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count`
+// executionCols are the columns of the execution row; the user values
+// (input, output, state) live in execution_values, so that the row every
+// operation rewrites stays small whatever their size.
+const executionCols = `e.id, e.agent_id, e.agent_version, e.status, e.failure_reason,
+ e.created_at, e.updated_at, e.deadline_at, e.parent_execution_id, e.idempotency_key, e.on_behalf_of,
+ e.forked_from, e.fork_seq, e.restoration, e.resource_keys, e.dispatch_id, e.last_seq, e.step_order, e.step_count, e.byte_count`
+
+const executionValues = `, v.input, v.output, v.state FROM executions e JOIN execution_values v ON v.execution_id = e.id`
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanExecution(s scanner) (*store.Execution, error) {
+func scanExecutionHead(s scanner, values ...any) (*store.Execution, error) {
 	var e store.Execution
 	var created, updated, deadline int64
 	var keys string
-	err := s.Scan(&e.ID, &e.AgentID, &e.AgentVersion, &e.Input, &e.Status, &e.Output, &e.State, &e.FailureReason,
+	dest := []any{&e.ID, &e.AgentID, &e.AgentVersion, &e.Status, &e.FailureReason,
 		&created, &updated, &deadline, &e.ParentID, &e.IdempotencyKey, &e.OnBehalfOf,
-		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount)
-	if err != nil {
+		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount}
+	if len(values) > 0 {
+		dest = append(dest, &e.Input, &e.Output, &e.State)
+	}
+	if err := s.Scan(dest...); err != nil {
 		return nil, err
 	}
 	e.CreatedAt, e.UpdatedAt, e.DeadlineAt = fromTS(created), fromTS(updated), fromTS(deadline)
+	var err error
 	if e.ResourceKeys, err = decodeList(keys); err != nil {
 		return nil, err
 	}
 	return &e, nil
 }
 
-// Execution implements store.Reader. Inside a write transaction it also takes
-// the execution's row lock where the dialect needs one.
+func scanExecution(s scanner) (*store.Execution, error) { return scanExecutionHead(s, true) }
+
+func scanHead(s scanner) (*store.Execution, error) { return scanExecutionHead(s) }
+
+// Execution implements store.Reader.
 func (q *Queries) Execution(ctx context.Context, id string) (*store.Execution, error) {
-	e, err := scanExecution(q.row(ctx, `SELECT `+executionCols+` FROM executions WHERE id = ?`+q.D.LockSuffix(), id))
+	e, err := scanExecution(q.row(ctx, `SELECT `+executionCols+executionValues+` WHERE e.id = ?`, id))
+	return e, notFound(err)
+}
+
+// ExecutionHead implements store.Reader. Inside a write transaction it also
+// takes the execution's row lock where the dialect needs one.
+func (q *Queries) ExecutionHead(ctx context.Context, id string) (*store.Execution, error) {
+	e, err := scanHead(q.row(ctx, `SELECT `+executionCols+` FROM executions e WHERE e.id = ?`+q.D.LockSuffix(), id))
 	return e, notFound(err)
 }
 
@@ -180,42 +199,54 @@ func (q *Queries) ListExecutions(ctx context.Context, f store.ExecutionFilter) (
 	var where []string
 	var args []any
 	if f.AgentID != "" {
-		where = append(where, "agent_id = ?")
+		where = append(where, "e.agent_id = ?")
 		args = append(args, f.AgentID)
 	}
 	if f.ForkedFrom != "" {
-		where = append(where, "forked_from = ?")
+		where = append(where, "e.forked_from = ?")
 		args = append(args, f.ForkedFrom)
 	}
 	if f.Status != "" {
-		where = append(where, "status = ?")
+		where = append(where, "e.status = ?")
 		args = append(args, f.Status)
 	}
 	if f.Cursor != "" {
-		where = append(where, "id < ?")
+		where = append(where, "e.id < ?")
 		args = append(args, f.Cursor)
 	}
-	query := `SELECT ` + executionCols + ` FROM executions`
+	query := `SELECT ` + executionCols + executionValues
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
-	query += " ORDER BY id DESC LIMIT ?"
+	query += " ORDER BY e.id DESC LIMIT ?"
 	args = append(args, f.Limit)
 	return list(ctx, q, scanExecution, query, args...)
 }
 
 func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
-	return t.exec(ctx, `INSERT INTO executions (`+executionCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		e.ID, e.AgentID, e.AgentVersion, e.Input, e.Status, e.Output, e.State, e.FailureReason,
+	err := t.exec(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
+ created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
+ forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count)
+ VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		e.ID, e.AgentID, e.AgentVersion, e.Status, e.FailureReason,
 		ts(e.CreatedAt), ts(e.UpdatedAt), ts(e.DeadlineAt), e.ParentID, e.IdempotencyKey, e.OnBehalfOf,
 		e.ForkedFrom, e.ForkSeq, e.Restoration, encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount)
+	if err != nil {
+		return err
+	}
+	return t.exec(ctx, `INSERT INTO execution_values (execution_id, input, output, state) VALUES (?,?,?,?)`,
+		e.ID, e.Input, e.Output, e.State)
 }
 
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
-	return t.exec(ctx, `UPDATE executions SET status = ?, output = ?, state = ?, failure_reason = ?, updated_at = ?,
+	return t.exec(ctx, `UPDATE executions SET status = ?, failure_reason = ?, updated_at = ?,
  resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
-		e.Status, e.Output, e.State, e.FailureReason, ts(e.UpdatedAt),
+		e.Status, e.FailureReason, ts(e.UpdatedAt),
 		encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
+}
+
+func (t *Tx) SetExecutionResult(ctx context.Context, id string, output, state []byte) error {
+	return t.exec(ctx, `UPDATE execution_values SET output = ?, state = ? WHERE execution_id = ?`, output, state, id)
 }
 
 // DeleteExecution removes an execution and everything that belongs to it.
@@ -240,6 +271,7 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 		`DELETE FROM rate_limit_marks WHERE execution_id = ?`,
 		`DELETE FROM resources WHERE execution_id = ?`,
 		`DELETE FROM checkpoints WHERE execution_id = ?`,
+		`DELETE FROM execution_values WHERE execution_id = ?`,
 		`DELETE FROM executions WHERE id = ?`,
 	} {
 		if err := t.exec(ctx, stmt, id); err != nil {

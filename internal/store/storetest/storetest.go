@@ -538,11 +538,24 @@ func testExecutionUpdate(t *testing.T, s store.Store) {
 	want.StepOrder = 11
 	want.StepCount = 10
 	want.ByteCount = 99999
-	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error { return tx.UpdateExecution(ctx, &want) })
+	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error {
+		if err := tx.UpdateExecution(ctx, &want); err != nil {
+			return err
+		}
+		return tx.SetExecutionResult(ctx, want.ID, want.Output, want.State)
+	})
 	same(t, "updated execution", val(s.Read().Execution(ctx, orig.ID)).get(t, "Execution"), &want)
 
-	// Fields that never change after creation are not written.
+	// The head is the execution without its user values.
+	head := want
+	head.Input, head.Output, head.State = nil, nil, nil
+	same(t, "execution head", val(s.Read().ExecutionHead(ctx, orig.ID)).get(t, "ExecutionHead"), &head)
+
+	// Fields that never change after creation are not written, nor output
+	// and state, which only SetExecutionResult writes.
 	changed := want
+	changed.Output = []byte(`"other output"`)
+	changed.State = []byte(`{"other":"state"}`)
 	changed.AgentID = "another-agent"
 	changed.AgentVersion = "v9"
 	changed.Input = []byte(`"other"`)
@@ -559,7 +572,12 @@ func testExecutionUpdate(t *testing.T, s store.Store) {
 	// Empty resource keys and a state set again.
 	want.ResourceKeys = nil
 	want.State = []byte(`{"again" : 1}`)
-	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error { return tx.UpdateExecution(ctx, &want) })
+	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error {
+		if err := tx.UpdateExecution(ctx, &want); err != nil {
+			return err
+		}
+		return tx.SetExecutionResult(ctx, want.ID, want.Output, want.State)
+	})
 	got := val(s.Read().Execution(ctx, orig.ID)).get(t, "Execution")
 	same(t, "execution with keys cleared", got, &want)
 }
@@ -1679,6 +1697,9 @@ func writeEverywhere(ctx context.Context, tx store.Tx, n, p graph) ([]string, er
 	}
 	e.Status, e.Output, e.LastSeq, e.UpdatedAt = wire.ExecCompleted, []byte(`"done"`), 6, at(time.Hour)
 	if err := tx.UpdateExecution(ctx, e); err != nil {
+		return nil, err
+	}
+	if err := tx.SetExecutionResult(ctx, pid, e.Output, e.State); err != nil {
 		return nil, err
 	}
 	if err := tx.AppendEvents(ctx, events(pid, 5, 6)); err != nil {
