@@ -194,7 +194,9 @@ CREATE TABLE checkpoints (
 CREATE INDEX checkpoints_open ON checkpoints (execution_id, key) WHERE invalidated_seq = 0;
 
 CREATE INDEX steps_executing ON steps (execution_id) WHERE status = 'executing';
-CREATE INDEX steps_by_body ON steps (body_execution_id, body_step_id) WHERE body_execution_id <> '';
+-- One column: a fork's thousands of copies share one key, so they append to
+-- one place instead of scattering, and retention asks per source execution.
+CREATE INDEX steps_by_body ON steps (body_execution_id) WHERE body_execution_id <> '';
 CREATE INDEX executions_by_source ON executions (forked_from, id) WHERE forked_from <> '';
 `,
 }

@@ -258,8 +258,7 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := t.exec(ctx, `DELETE FROM steps WHERE execution_id = ? AND NOT EXISTS
- (SELECT 1 FROM steps c WHERE c.body_execution_id = steps.execution_id AND c.body_step_id = steps.step_id)`, id); err != nil {
+	if err := t.exec(ctx, sharedBodiesKept, id, id); err != nil {
 		return err
 	}
 	for _, stmt := range []string{
@@ -278,16 +277,25 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// The bodies the deleted copies shared go too once their execution is
+	// gone and no other copy shares them.
+	sources := map[string]bool{}
 	for _, r := range refs {
-		if err := t.exec(ctx, `DELETE FROM steps WHERE execution_id = ? AND step_id = ?
- AND NOT EXISTS (SELECT 1 FROM executions WHERE id = ?)
- AND NOT EXISTS (SELECT 1 FROM steps c WHERE c.body_execution_id = ? AND c.body_step_id = ?)`,
-			r[0], r[1], r[0], r[0], r[1]); err != nil {
+		sources[r[0]] = true
+	}
+	for source := range sources {
+		if err := t.exec(ctx, sharedBodiesKept+` AND NOT EXISTS (SELECT 1 FROM executions WHERE id = ?)`,
+			source, source, source); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// sharedBodiesKept deletes an execution's step rows except those whose
+// bodies a fork's copy still shares.
+const sharedBodiesKept = `DELETE FROM steps WHERE execution_id = ? AND step_id NOT IN
+ (SELECT body_step_id FROM steps WHERE body_execution_id = ?)`
 
 func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string, error) {
 	return list(ctx, q, func(s scanner) ([2]string, error) {
