@@ -55,13 +55,15 @@ test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/upgrade
 
 ## bench: the load generator of bench/ over real HTTP (PROTOCOL §29), then the Python SDK's
-## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback).
+## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback), then
+## the capture overhead per step with LocalDirectory on a 1,000-file workspace.
 bench: build $(SDK_VENV)/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK
 	$(GO) test -bench 'Evaluate200Rules' -run '^$$' ./internal/policy
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
+	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench

@@ -1,17 +1,23 @@
-// Command demo tells Rebuno's story in under a minute: it starts a kernel on a
-// throwaway SQLite file and an example agent, runs an execution, kills the
-// agent with SIGKILL in the middle, starts it again, and shows the recorded
-// steps replaying instead of running twice. It cleans up after itself.
+// Command demo tells Rebuno's story in under a minute on a throwaway kernel,
+// and cleans up after itself. It checks its own story and exits non-zero when
+// any part of it did not happen, so that `make test` can rely on it.
 //
-// `make demo` runs the Python agent written with the SDK
-// (examples/python/demo/agent.py, with -python and -script); `make demo-go`
-// runs the raw-HTTP Go agent (examples/go-agent, with -agent). Both tell the
-// same story: web_search, three fetch_page calls and a local summarize step.
+// `make demo` (-python, -script) runs the Python agent of
+// examples/python/demo: it edits files in a workspace resource; a write waits
+// for a person's approval, which the demo grants; the agent is killed with
+// SIGKILL in the middle of a write and started again, and the steps recorded
+// before the crash replay; checkpoints are taken along the way; then the demo
+// forks the execution at an earlier event, shows the fork's workspace holding
+// the earlier content, and lets the fork decide differently (workspace.go).
+//
+// `make demo-go` (-agent) runs the raw-HTTP Go agent of examples/go-agent,
+// which has no resources: it tells the crash-and-replay part with web_search,
+// three fetch_page calls and a local summarize step (research.go).
 package main
 
 import (
 	"bufio"
-	"context"
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -23,180 +29,123 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/cli"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 func main() {
-	kernelBin := flag.String("kernel", "bin/rebuno", "rebuno binary")
+	kernelBin := flag.String("kernel", "bin/rebuno", "rebuno binary (also used as the command-line client)")
 	agentBin := flag.String("agent", "bin/demo-agent", "the Go example agent's binary (when -python is not given)")
-	python := flag.String("python", "", "a Python interpreter with the SDK installed: run the Python agent instead")
-	script := flag.String("script", "examples/python/demo/agent.py", "the Python agent's script (with -python)")
+	python := flag.String("python", "", "a Python interpreter with the SDK installed: run the Python agent's story instead")
+	script := flag.String("script", "examples/python/demo/agent.py", "the Python agent's script (with -python); its policy.yaml sits beside it")
 	flag.Parse()
 	log.SetFlags(0)
-	agent := goAgent(*agentBin)
+	var err error
 	if *python != "" {
-		agent = pythonAgent(*python, *script)
+		err = runWorkspace(*kernelBin, *python, *script)
+	} else {
+		err = runResearch(*kernelBin, goAgent(*agentBin))
 	}
-	if err := run(*kernelBin, agent); err != nil {
+	if err != nil {
 		log.Fatalf("demo failed: %v", err)
 	}
 }
 
-// exampleAgent says how to start one of the example agents.
-type exampleAgent struct {
-	about   string
-	command func(kernelURL, listen, id, secret string) *exec.Cmd
-	// ready bounds the wait for the webhook port: an interpreter takes
-	// longer to start than a Go binary.
-	ready time.Duration
-}
-
-func goAgent(bin string) exampleAgent {
-	return exampleAgent{
-		about: "the Go example agent (examples/go-agent: raw HTTP, v1 signatures, no SDK)",
-		command: func(kernelURL, listen, id, secret string) *exec.Cmd {
-			return exec.Command(bin, "-kernel", kernelURL, "-listen", listen, "-id", id, "-secret", secret)
-		},
-		ready: 5 * time.Second,
-	}
-}
-
-func pythonAgent(python, script string) exampleAgent {
-	return exampleAgent{
-		about: fmt.Sprintf("the Python example agent (%s: @tool, step(), the Python SDK)", script),
-		command: func(kernelURL, listen, id, secret string) *exec.Cmd {
-			cmd := exec.Command(python, script, "--kernel", kernelURL, "--listen", listen, "--id", id, "--secret", secret)
-			cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
-			return cmd
-		},
-		ready: 30 * time.Second,
-	}
-}
-
-func run(kernelBin string, example exampleAgent) error {
-	dir, err := os.MkdirTemp("", "rebuno-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-
-	say("Starting the kernel on a fresh SQLite file in %s", dir)
-	kernel := exec.Command(kernelBin, "dev", "--db", filepath.Join(dir, "rebuno.db"), "--listen-addr", "127.0.0.1:0",
-		"--no-repl", "--dispatch-timeout", "2s", "--log-level", "warn")
-	kernelURL, err := startAndFindURL(kernel)
-	if err != nil {
-		return fmt.Errorf("start kernel: %w", err)
-	}
-	defer stop(kernel)
-
-	agentAddr, err := freeAddr()
-	if err != nil {
-		return err
-	}
-	secret := fmt.Sprintf("demo-secret-%d", time.Now().UnixNano())
-	// A 3-second lease keeps the demo short: the kernel notices the crash
-	// and redelivers within seconds.
-	register := fmt.Sprintf(`{"id":"researcher","webhook_url":"http://%s/webhook","secret":%q,"lease_timeout_seconds":3}`, agentAddr, secret)
-	if _, err := post(kernelURL+"/v0/agents", register, 201); err != nil {
-		return fmt.Errorf("register agent: %w", err)
-	}
-	agentLog, err := os.Create(filepath.Join(dir, "agent.log"))
-	if err != nil {
-		return err
-	}
-	startAgent := func() (*exec.Cmd, error) {
-		cmd := example.command(kernelURL, agentAddr, "researcher", secret)
-		cmd.Stdout, cmd.Stderr = agentLog, agentLog
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		return cmd, waitListening(agentAddr, example.ready)
-	}
-	say("Starting %s", example.about)
-	agent, err := startAgent()
-	if err != nil {
-		return fmt.Errorf("start agent: %w", err)
-	}
-	defer func() { stop(agent) }()
-
-	body, err := post(kernelURL+"/v0/executions", `{"agent_id":"researcher","input":{"topic":"durable agents"}}`, 201)
-	if err != nil {
-		return fmt.Errorf("create execution: %w", err)
-	}
-	var created struct{ ID string }
-	json.Unmarshal(body, &created)
-	say("Created execution %s; following its event log:\n", created.ID)
-
-	// Follow the execution with the CLI's own timeline (`rebuno exec watch`).
-	// When the agent starts the second page fetch, kill it with SIGKILL and
-	// start it again at once: the kernel redelivers when the lease lapses,
-	// and the steps recorded before the crash replay instead of running twice.
-	killed, reran := false, false
-	fetches := 0
-	var restartErr error
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
-	final, err := cli.Watch(ctx, created.ID, cli.WatchOptions{URL: kernelURL, Out: os.Stdout, Err: os.Stderr,
-		OnEvent: func(ev cli.Event) {
-			var p struct {
-				Target string `json:"target"`
-				Retry  bool   `json:"retry"`
-			}
-			json.Unmarshal(ev.Payload, &p)
-			if ev.Type == "step.executing" && p.Retry {
-				reran = true
-			}
-			if ev.Type != "step.executing" || p.Target != "fetch_page" || killed {
-				return
-			}
-			if fetches++; fetches == 2 {
-				killed = true
-				agent.Process.Signal(syscall.SIGKILL)
-				agent.Wait()
-				fmt.Printf("\n    💥 kill -9 the agent in the middle of a step; starting it again. The kernel redelivers when the lease lapses.\n\n")
-				agent, restartErr = startAgent()
-			}
-		}})
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
-	if restartErr != nil {
-		return fmt.Errorf("restart agent: %w", restartErr)
-	}
-	fmt.Println()
-	say("What the agent processes did (their log):")
-	agentLog.Sync()
-	replays := 0
-	if b, err := os.ReadFile(agentLog.Name()); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if i := strings.Index(line, ": "); i > 0 && (strings.Contains(line, " run ") || strings.Contains(line, " replay ") || strings.Contains(line, "attempt")) {
-				fmt.Println("      " + line[i+2:])
-				if strings.Contains(line, " replay ") {
-					replays++
-				}
-			}
-		}
-	}
-	say("The steps recorded before the crash replayed from the log; only the interrupted one ran again.")
-	// The demo checks its own story, so that `make test` can rely on it.
-	switch {
-	case final.Status != "completed":
-		return fmt.Errorf("execution ended %s", final.Status)
-	case !killed:
-		return fmt.Errorf("the agent was never killed")
-	case !reran:
-		return fmt.Errorf("no step was re-run after the crash")
-	case replays == 0:
-		return fmt.Errorf("no step replayed after the crash")
-	}
-	return nil
-}
-
+// say prints a line of narration.
 func say(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
+
+// aside prints an indented remark between timeline lines.
+func aside(format string, args ...any) { fmt.Printf("\n    "+format+"\n\n", args...) }
+
+// kernel is a `rebuno dev` process on a throwaway SQLite file.
+type kernel struct {
+	bin string
+	url string
+	cmd *exec.Cmd
+}
+
+func startKernel(bin, dir string) (*kernel, error) {
+	cmd := exec.Command(bin, "dev", "--db", filepath.Join(dir, "rebuno.db"), "--listen-addr", "127.0.0.1:0",
+		"--no-repl", "--dispatch-timeout", "2s", "--log-level", "warn")
+	url, err := startAndFindURL(cmd)
+	if err != nil {
+		stop(cmd)
+		return nil, fmt.Errorf("start kernel: %w", err)
+	}
+	return &kernel{bin: bin, url: url, cmd: cmd}, nil
+}
+
+// cli runs `rebuno ARGS...` — the command-line client, in process, as a
+// terminal would show it — against the kernel, printing the command line and
+// its output. head > 0 keeps only that many lines of the output (the command
+// line says `| head -N`).
+func (k *kernel) cli(head int, args ...string) (string, error) {
+	shown := make([]string, len(args))
+	for i, a := range args {
+		shown[i] = a
+		if strings.ContainsAny(a, " \"'") {
+			shown[i] = strconv.Quote(a)
+		}
+	}
+	line := "rebuno " + strings.Join(shown, " ")
+	if head > 0 {
+		line += fmt.Sprintf(" | head -%d", head)
+	}
+	fmt.Printf("    $ %s\n", line)
+	var out bytes.Buffer
+	yes, colour := true, term.IsTerminal(int(os.Stdout.Fd())) && os.Getenv("NO_COLOR") == ""
+	app := cli.New(cli.Options{In: strings.NewReader(""), Out: &out, Err: &out, FixedURL: k.url,
+		TTY: &yes, Color: &colour, Width: 116})
+	root := &cobra.Command{Use: "rebuno", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(app.Commands()...)
+	root.SetArgs(args)
+	err := root.Execute()
+	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+	if head > 0 && len(lines) > head {
+		lines = lines[:head]
+	}
+	for _, l := range lines {
+		fmt.Println(strings.TrimRight("      "+l, " "))
+	}
+	if err != nil {
+		return out.String(), fmt.Errorf("%s: %w", line, err)
+	}
+	return out.String(), nil
+}
+
+// post sends a JSON body and expects the status want.
+func (k *kernel) post(path, body string, want int) ([]byte, error) {
+	resp, err := http.Post(k.url+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		return nil, fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, b)
+	}
+	return b, nil
+}
+
+// get reads a JSON answer into v.
+func (k *kernel) get(path string, v any) error {
+	resp, err := http.Get(k.url + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	return json.Unmarshal(b, v)
+}
 
 var urlLine = regexp.MustCompile(`url:\s+(http://\S+)`)
 
@@ -213,7 +162,10 @@ func startAndFindURL(cmd *exec.Cmd) (string, error) {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			if m := urlLine.FindStringSubmatch(sc.Text()); m != nil {
-				found <- m[1]
+				select {
+				case found <- m[1]:
+				default:
+				}
 			}
 		}
 	}()
@@ -236,6 +188,7 @@ func stop(cmd *exec.Cmd) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		cmd.Process.Kill()
+		<-done
 	}
 }
 
@@ -258,15 +211,41 @@ func waitListening(addr string, within time.Duration) error {
 	return fmt.Errorf("agent did not listen on %s within %s", addr, within)
 }
 
-func post(url, body string, want int) ([]byte, error) {
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+// agentProcess starts and restarts one example agent, logging to a file.
+type agentProcess struct {
+	start func() *exec.Cmd
+	ready time.Duration
+	addr  string
+	log   *os.File
+	cmd   *exec.Cmd
+}
+
+func (a *agentProcess) run() error {
+	cmd := a.start()
+	cmd.Stdout, cmd.Stderr = a.log, a.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	a.cmd = cmd
+	return waitListening(a.addr, a.ready)
+}
+
+// kill ends the agent with SIGKILL: no clean-up, no last words.
+func (a *agentProcess) kill() {
+	if a.cmd != nil && a.cmd.Process != nil {
+		a.cmd.Process.Signal(syscall.SIGKILL)
+		a.cmd.Wait()
+	}
+}
+
+func (a *agentProcess) stop() { stop(a.cmd) }
+
+// lines returns the agent's log so far.
+func (a *agentProcess) lines() []string {
+	a.log.Sync()
+	b, err := os.ReadFile(a.log.Name())
 	if err != nil {
-		return nil, err
+		return nil
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		return nil, fmt.Errorf("%s: %d %s", url, resp.StatusCode, b)
-	}
-	return b, nil
+	return strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 }

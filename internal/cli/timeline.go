@@ -119,7 +119,12 @@ func (t *Timeline) Event(ev Event) {
 
 	offset := ""
 	if !t.origin.IsZero() && !ev.OccurredAt.IsZero() {
-		offset = "+" + FormatDuration(ev.OccurredAt.Sub(t.origin))
+		// A fork's copied events keep their source's times: before the origin.
+		sign, d := "+", ev.OccurredAt.Sub(t.origin)
+		if d < 0 {
+			sign = "-"
+		}
+		offset = sign + FormatDuration(d)
 	}
 	prefix := fmt.Sprintf("%4d  %8s  ", ev.Seq, offset)
 	typ := ev.Type

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,19 +59,72 @@ func TestForkMetricSmoke(t *testing.T) {
 		t.Fatalf("metrics %+v", r.Metrics)
 	}
 	m := r.Metrics[0]
-	if m.Failed != "" || m.Errors != 0 || len(m.Latencies) != 4 || len(m.Targets) != 4 {
+	// -fork-steps 300: the ladder is 100 and 300 steps (4 KiB), then 300
+	// steps with 64 KiB results, then the two coverage queries.
+	if m.Failed != "" || m.Errors != 0 || len(m.Latencies) != 5 || len(m.Targets) != 5 {
 		t.Fatalf("FORK: failed %q, errors %v, latencies %+v, targets %+v\n%s", m.Failed, m.ErrorList, m.Latencies, m.Targets, out.String())
 	}
+	wantNames := []string{"fork at the last event, 100 steps, 4 KiB results", "fork at the last event, 300 steps, 4 KiB results",
+		"fork at the last event, 300 steps, 64 KiB results", "coverage point query, 300 steps", "coverage ranges query, 300 steps, 3 checkpoints"}
 	for i, l := range m.Latencies {
-		if want := []int{3, 3, 60, 6}[i]; l.N != want || l.P50ms <= 0 {
-			t.Errorf("%s: %d samples (want %d), p50 %v", l.Name, l.N, want, l.P50ms)
+		if want := []int{3, 3, 3, 60, 6}[i]; l.Name != wantNames[i] || l.N != want || l.P50ms <= 0 {
+			t.Errorf("latency %d: %q with %d samples, p50 %v; want %q with %d", i, l.Name, l.N, l.P50ms, wantNames[i], want)
 		}
 	}
-	var ratio bool
+	values := map[string]float64{}
 	for _, v := range m.Values {
-		ratio = ratio || (strings.Contains(v.Name, "ratio") && v.Value > 0)
+		values[v.Name] = v.Value
 	}
-	if !ratio {
-		t.Errorf("no 64 KiB / 4 KiB ratio in %+v", m.Values)
+	for _, name := range []string{"fork p50, 100 steps, 4 KiB results", "fork p95, 100 steps, 4 KiB results",
+		"fork p50, 300 steps, 4 KiB results", "fork p95, 300 steps, 4 KiB results", "fork p95, 300 steps, 64 KiB results",
+		"fork p95 ratio, 64 KiB / 4 KiB results"} {
+		if values[name] <= 0 {
+			t.Errorf("value %q missing or not positive in %+v", name, m.Values)
+		}
+	}
+	if _, ok := values["fork p50 growth from 100 to 300 steps, per 1,000 steps"]; !ok {
+		t.Errorf("no growth value in %+v", m.Values)
+	}
+	// The sources: one checkpoint every 100 steps, four events per step.
+	for _, want := range []string{"source of 100 steps with 4 KiB results: 405 events, 1 checkpoints, written in",
+		"source of 300 steps with 4 KiB results: 1207 events, 3 checkpoints, written in",
+		"source of 300 steps with 64 KiB results: 1207 events, 3 checkpoints, written in"} {
+		if _, ok := values[want]; !ok {
+			t.Errorf("no value %q in %+v", want, m.Values)
+		}
+	}
+	wantTargets := []string{"fork p95, 300 steps (4 KiB), §5.6", "fork p95, 300 steps (4 KiB), aim", "fork p95 64 KiB / 4 KiB",
+		"coverage point p95", "coverage ranges p95"}
+	for i, tg := range m.Targets {
+		if tg.Name != wantTargets[i] || strings.Contains(tg.Actual, "no samples") {
+			t.Errorf("target %d: %+v, want %q with samples", i, tg, wantTargets[i])
+		}
+	}
+	if !strings.Contains(out.String(), "target fork p95, 300 steps (4 KiB), aim") {
+		t.Errorf("the aim is not printed:\n%s", out.String())
+	}
+}
+
+func TestForkLadder(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want []int
+	}{
+		{10000, []int{100, 1000, 10000}},
+		{20000, []int{100, 1000, 10000, 20000}},
+		{5000, []int{100, 1000, 5000}},
+		{1000, []int{100, 1000}},
+		{300, []int{100, 300}},
+		{100, []int{100}},
+	} {
+		if got := forkLadder(c.n); !slices.Equal(got, c.want) {
+			t.Errorf("forkLadder(%d) = %v, want %v", c.n, got, c.want)
+		}
+	}
+	if got := perThousandSteps(1000, 100*time.Millisecond, 10000, 910*time.Millisecond); got < 89.999 || got > 90.001 {
+		t.Errorf("growth 100 → 910 ms over 9,000 steps = %v ms per 1,000, want 90", got)
+	}
+	if got := perThousandSteps(100, time.Millisecond, 100, 2*time.Millisecond); got != 0 {
+		t.Errorf("growth over no steps = %v", got)
 	}
 }
