@@ -222,8 +222,8 @@ func (a *App) execCoverage() *cobra.Command {
 			"resource restored exactly as it was there), overall and per resource, then every event\n" +
 			"with whether a fork there is covered — or why not: a step started after the last\n" +
 			"checkpoint, or there is no checkpoint yet — and the checkpoint it would restore\n" +
-			"(KEY=REF@SEQ: checkpoint REF, taken at event SEQ; KEY=(initial): the initial\n" +
-			"environment). --at N prints the kernel's answer for one event.\n\n" +
+			"(KEY=REF@SEQ: checkpoint REF, covering from event SEQ; KEY=(initial): the\n" +
+			"initial environment). --at N prints the kernel's answer for one event.\n\n" +
 			"--json prints the kernel's ranges answer (with --at, its point answer).",
 		Example: "  rebuno exec coverage 9c2e41f7\n" +
 			"  rebuno exec coverage 9c2e41f7 --at 23\n" +

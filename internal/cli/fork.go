@@ -85,7 +85,7 @@ func shortRef(ref string) string {
 }
 
 // restoreCompact is the one-word form of a restore used in tables and on
-// timeline lines: KEY=REF@SEQ (checkpoint REF taken at event SEQ), or
+// timeline lines: KEY=REF@SEQ (checkpoint REF covering from event SEQ), or
 // KEY=(initial) for the initial environment.
 func restoreCompact(key, ref string, seq int64) string {
 	if seq == 0 {

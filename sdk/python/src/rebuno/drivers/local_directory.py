@@ -25,16 +25,20 @@ workspace raises `CheckpointUnavailable`.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
 import stat
+import sys
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import CheckpointUnavailable
 
@@ -52,6 +56,16 @@ _CHUNK = 1 << 20
 # again by the next capture (the "racy" case: a change within the clock's
 # granularity could leave size and times unchanged).
 _RACY_NS = 100_000_000
+# Up to this many files and directories are made durable one fsync each;
+# beyond it, by one syncfs (see _Syncer). A capture of a few changed files
+# then never waits for other processes' dirty data, and a restore of a
+# thousand files pays for one flush of the disk's cache, not a thousand.
+_FSYNC_MAX = 8
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# The manifest around its entries: manifest_bytes with the entries spliced
+# in, so that entries serialised by earlier captures can be reused.
+_MANIFEST_HEAD = b'{"entries":['
+_MANIFEST_TAIL = b'],"format":' + json.dumps(FORMAT).encode("utf-8") + b"}"
 
 _ENTRY_KEYS = {
     "dir": {"mode", "path", "type"},
@@ -72,6 +86,18 @@ def manifest_bytes(entries: list[dict[str, Any]]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _entry_bytes(entry: dict[str, Any]) -> bytes:
+    """One entry exactly as manifest_bytes writes it inside the list."""
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _assemble(parts: list[tuple[bytes, bytes]]) -> bytes:
+    """The manifest of (UTF-8 path, serialised entry) pairs: the same bytes as
+    manifest_bytes of the entries (a test holds the two together)."""
+    parts.sort()
+    return _MANIFEST_HEAD + b",".join([entry for _path, entry in parts]) + _MANIFEST_TAIL
+
+
 def _utf8_name(name: str, where: str) -> None:
     try:
         name.encode("utf-8")
@@ -80,11 +106,114 @@ def _utf8_name(name: str, where: str) -> None:
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes, fewer only at the end of the file."""
+    data = os.read(fd, limit)
+    if 0 < len(data) < limit:  # a short read need not be the end: go on until it is
+        chunks = [data]
+        got = len(data)
+        while got < limit and (chunk := os.read(fd, limit - got)):
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    return data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _sort_name(entry: os.DirEntry[str]) -> bytes:
+    return entry.name.encode("utf-8", "surrogateescape")
+
+
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    """Linux's syncfs(2), when it reports writeback errors (Linux 5.8 and
+    later; earlier kernels returned success regardless); else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if m is None or (int(m.group(1)), int(m.group(2))) < (5, 8):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+class _Syncer:
+    """Makes a batch of new files and directories durable.
+
+    fsync of each costs one flush of the disk's write cache apiece: about a
+    millisecond on this project's test machine, 0.3 s for a 1,000-file
+    restore, and batching the fsyncs after all writes (or issuing them from
+    threads) still costs 0.1 to 0.3 s. So beyond _FSYNC_MAX paths, one
+    syncfs of the filesystem the batch lives on (about 10 ms for 1,000 files)
+    writes back everything dirty on it and flushes once; the price is that it
+    also writes other processes' dirty data on that filesystem.
+
+    The descriptor syncfs is given is opened before the batch writes
+    anything, because syncfs reports the writeback errors seen since its
+    descriptor was opened. syncfs is followed by an fsync of that
+    descriptor: on filesystems that keep metadata in the block device's page
+    cache (ext2, ext4 without a journal, as on the test machine) syncfs
+    writes those blocks after it has flushed the disk's cache, and the fsync's
+    flush is what makes them durable. Without syncfs, every path is fsynced.
+    """
+
+    def __init__(self, anchor: str) -> None:
+        self._fd = -1
+        if _syncfs() is not None:
+            self._fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+
+    def sync(self, files: Sequence[str], dirs: Iterable[str]) -> None:
+        dirs = list(dirs)
+        fn = _syncfs()
+        if fn is not None and self._fd >= 0 and len(files) + len(dirs) > _FSYNC_MAX:
+            if fn(self._fd) == 0:
+                os.fsync(self._fd)
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter refused the call
+                raise OSError(err, f"syncfs: {os.strerror(err)}")
+            _syncfs.cache_clear()
+        for path in files:
+            _fsync_file(path)
+        for path in dirs:
+            _fsync_dir(path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _force_rmtree(path: str) -> None:
