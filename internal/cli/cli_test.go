@@ -89,6 +89,8 @@ func TestTimelineLines(t *testing.T) {
 	tl.Event(ev(10, "execution.failed", `{"reason":"dispatch_exhausted"}`, t0.Add(65*time.Second)))
 	tl.Event(ev(11, "resource.bound", `{"key":"ws","binding":{"dir":"/w"}}`, t0.Add(65*time.Second)))
 	tl.Event(ev(12, "something.new", `{"x":1}`, t0.Add(65*time.Second)))
+	// A fork's copied events keep their source's earlier times.
+	tl.Event(ev(13, "step.proposed", "{"+step+"}", t0.Add(-3990*time.Millisecond)))
 	want := []string{
 		"   1       +0s  ● execution.created       agent researcher",
 		"   2      +5ms  → dispatch.acked          attempt 2 delivered  (redelivery)",
@@ -102,6 +104,7 @@ func TestTimelineLines(t *testing.T) {
 		"  10    +1m05s  ✘ execution.failed        dispatch_exhausted",
 		`  11    +1m05s  ◆ resource.bound          ws  binding {"dir":"/w"}`,
 		`  12    +1m05s  · something.new           {"x":1}`,
+		`  13    -3.99s  · step.proposed           tool_call web_search  {"q":"x"}`,
 	}
 	got := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	if len(got) != len(want) {
@@ -112,10 +115,10 @@ func TestTimelineLines(t *testing.T) {
 			t.Errorf("line %d:\n got %q\nwant %q", i+1, got[i], want[i])
 		}
 	}
-	if strings.Join(lookups, " ") != "s1/false s1/true" {
+	if strings.Join(lookups, " ") != "s1/false s1/true s1/false" {
 		t.Fatalf("step lookups: %v", lookups)
 	}
-	if tl.LastSeq() != 12 {
+	if tl.LastSeq() != 13 {
 		t.Fatalf("last seq %d", tl.LastSeq())
 	}
 }
