@@ -151,8 +151,15 @@ def _sort_name(entry: os.DirEntry[str]) -> bytes:
     return entry.name.encode("utf-8", "surrogateescape")
 
 
-@functools.cache
+_syncfs_refused = False
+
+
 def _syncfs() -> Callable[[int], int] | None:
+    return None if _syncfs_refused else _load_syncfs()
+
+
+@functools.cache
+def _load_syncfs() -> Callable[[int], int] | None:
     """Linux's syncfs(2), when it reports writeback errors (Linux 5.8 and
     later; earlier kernels returned success regardless); else None."""
     if not sys.platform.startswith("linux"):
@@ -166,7 +173,7 @@ def _syncfs() -> Callable[[int], int] | None:
         return None
     fn.argtypes = [ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class _Syncer:
@@ -204,7 +211,8 @@ class _Syncer:
             err = ctypes.get_errno()
             if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter refused the call
                 raise OSError(err, f"syncfs: {os.strerror(err)}")
-            _syncfs.cache_clear()
+            global _syncfs_refused
+            _syncfs_refused = True
         for path in files:
             _fsync_file(path)
         for path in dirs:
@@ -337,18 +345,111 @@ class LocalFiles:
         return await asyncio.to_thread(make)
 
 
+class _Known(NamedTuple):
+    """A file hashed by an earlier capture of a handle."""
+    key: tuple[int, int, int, int, int, int]  # (st_mode, size, mtime_ns, ctime_ns, inode, device) then
+    path: bytes  # the path as UTF-8: the manifest's sort key
+    entry: bytes  # the file's manifest entry, serialised
+    obj: str  # its object's path
+
+
 class LocalDirectoryHandle:
     """A live workspace: `path` is the directory, `files` the file API."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.files = LocalFiles(path)
-        # (path) → ((size, mtime_ns, ctime_ns, inode, device), sha256) of files
-        # hashed by an earlier capture of this handle.
-        self._hashes: dict[str, tuple[tuple[int, int, int, int, int], str]] = {}
+        # path → what an earlier capture of this handle learnt of the file;
+        # only files whose times were outside the racy window then.
+        self._hashes: dict[str, _Known] = {}
 
     def __repr__(self) -> str:
         return f"LocalDirectoryHandle({self.path!r})"
+
+
+class _Batch:
+    """New store files, published together: each is written to `tmp/`, then
+    all are made durable, renamed into place, and the renames made durable.
+    Until it is committed, nothing in the store refers to a file that a
+    crash could lose, and `close` removes whatever was not published."""
+
+    def __init__(self, tmp: str, objects: str) -> None:
+        self._tmp = tmp
+        self._objects = objects
+        self._staged: list[tuple[str, str]] = []  # (temp file, final path)
+        self._finals: set[str] = set()
+        self._syncer: _Syncer | None = None
+
+    def __contains__(self, final: str) -> bool:
+        return final in self._finals
+
+    def _open(self, final: str) -> int:
+        if self._syncer is None:  # before the first write, so that syncfs reports its errors
+            self._syncer = _Syncer(self._tmp)
+        tmp = os.path.join(self._tmp, uuid.uuid4().hex)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        self._staged.append((tmp, final))
+        self._finals.add(final)
+        return fd
+
+    def add(self, data: bytes, final: str) -> None:
+        """Stage a read-only file holding `data`."""
+        fd = self._open(final)
+        try:
+            _write_all(fd, data)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+
+    def add_copy(self, path: str, digest: str, final: str) -> None:
+        """Stage a read-only copy of a file, checking that what was copied
+        still has the hash computed before."""
+        h = hashlib.sha256()
+        fd = self._open(final)
+        try:
+            src = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                while chunk := os.read(src, _CHUNK):
+                    h.update(chunk)
+                    _write_all(fd, chunk)
+            finally:
+                os.close(src)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+        if h.hexdigest() != digest:
+            raise ValueError(f"{path}: the file changed while it was captured")
+
+    def commit(self) -> None:
+        if not self._staged:
+            return
+        assert self._syncer is not None
+        self._syncer.sync([tmp for tmp, _final in self._staged], ())
+        dirs: set[str] = set()
+        while self._staged:
+            tmp, final = self._staged[0]
+            parent = os.path.dirname(final)
+            try:
+                os.replace(tmp, final)
+            except FileNotFoundError:
+                if not os.path.lexists(tmp) or os.path.isdir(parent):
+                    raise
+                os.mkdir(parent)  # an object's first fan-out directory: its entry in objects/ must last too
+                dirs.add(self._objects)
+                os.replace(tmp, final)
+            dirs.add(parent)
+            self._staged.pop(0)
+        self._syncer.sync((), sorted(dirs))
+
+    def close(self) -> None:
+        for tmp, _final in self._staged:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        self._staged = []
+        if self._syncer is not None:
+            self._syncer.close()
 
 
 class LocalDirectory:
@@ -412,10 +513,11 @@ class LocalDirectory:
 
     def _layout(self) -> None:
         if not os.path.isdir(self.root):
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            _make_dirs(self.root, 0o700)
             os.chmod(self.root, 0o700)
         for d in (self.workspaces, self.objects, self.snapshots, self.tmp):
-            os.makedirs(d, exist_ok=True)
+            if not os.path.isdir(d):
+                _make_dirs(d, 0o777)
 
     # ----------------------------------------------------------- driver
 
@@ -445,22 +547,26 @@ class LocalDirectory:
         self._layout()
         if ref is not None:
             return self._restore(ref)
+        syncer = _Syncer(self.tmp)
         staging = os.path.join(self.tmp, uuid.uuid4().hex)
         try:
             if self.template is not None:
-                _copy_tree(self.template, staging)
+                files, dirs = _copy_tree(self.template, staging)
             else:
                 os.mkdir(staging)
-            return self._publish_workspace(staging)
+                files, dirs = [], [staging]
+            return self._publish_workspace(staging, files, dirs, syncer)
         except BaseException:
             if os.path.lexists(staging):
                 _force_rmtree(staging)
             raise
+        finally:
+            syncer.close()
 
-    def _publish_workspace(self, staging: str) -> str:
-        """fsync a staged tree, then rename it into `workspaces/`."""
-        for dirpath, _dirs, _files in os.walk(staging, topdown=False):
-            _fsync_dir(dirpath)
+    def _publish_workspace(self, staging: str, files: Sequence[str], dirs: Iterable[str], syncer: _Syncer) -> str:
+        """Make a staged tree durable, then rename it into `workspaces/`: a
+        directory there is always complete."""
+        syncer.sync(files, dirs)
         final = os.path.join(self.workspaces, str(uuid.uuid4()))
         os.rename(staging, final)
         _fsync_dir(self.workspaces)
@@ -471,19 +577,25 @@ class LocalDirectory:
             entries = self._read_manifest(ref)
         except _Damaged as e:
             raise CheckpointUnavailable(f"local snapshot {ref} is missing or damaged: {e}") from None
+        syncer = _Syncer(self.tmp)
         staging = os.path.join(self.tmp, uuid.uuid4().hex)
         os.mkdir(staging)
         try:
-            self._materialise(entries, staging)
-            return self._publish_workspace(staging)
+            files, dirs = self._materialise(entries, staging)
+            return self._publish_workspace(staging, files, dirs, syncer)
         except _Damaged as e:
             _force_rmtree(staging)
             raise CheckpointUnavailable(f"local snapshot {ref} is missing or damaged: {e}") from None
         except BaseException:
             _force_rmtree(staging)
             raise
+        finally:
+            syncer.close()
 
     def _read_manifest(self, ref: Any) -> list[dict[str, Any]]:
+        """The validated entries of a ref. Whether each object exists is
+        checked when it is opened to be copied (_copy_object): a second
+        stat of every object here would cost as much again."""
         m = _REF.fullmatch(ref) if isinstance(ref, str) else None
         if m is None:
             raise _Damaged("the ref is not sha256:<64 lowercase hex digits>")
@@ -497,48 +609,75 @@ class LocalDirectory:
             raise _Damaged(f"the manifest cannot be read: {err}") from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise _Damaged("the manifest does not match its hash")
-        entries = _parse_manifest(data)
-        for e in entries:
-            if e["type"] == "file" and not os.path.isfile(self.object_path(e["sha256"])):
-                raise _Damaged(f"object {e['sha256']} of {e['path']!r} does not exist")
-        return entries
+        return _parse_manifest(data)
 
-    def _materialise(self, entries: list[dict[str, Any]], staging: str) -> None:
+    def _materialise(self, entries: list[dict[str, Any]], staging: str) -> tuple[list[str], list[str]]:
+        """Build the tree in `staging`; return its files and directories."""
+        files: list[str] = []
+        made: set[str] = {staging}  # directories that exist
         dirs: list[tuple[str, int]] = []
         for e in sorted(entries, key=lambda x: str(x["path"]).encode("utf-8")):
             dest = os.path.join(staging, *e["path"].split("/"))
             parent = os.path.dirname(dest)
-            if not os.path.isdir(parent):
-                os.makedirs(parent)
+            if parent not in made:  # a parent the manifest does not list
+                os.makedirs(parent, exist_ok=True)
+                while parent not in made:
+                    made.add(parent)
+                    parent = os.path.dirname(parent)
             if e["type"] == "dir":
                 os.mkdir(dest, 0o700)
+                made.add(dest)
                 dirs.append((dest, e["mode"]))
             elif e["type"] == "symlink":
                 os.symlink(e["target"], dest)
             else:
-                self._copy_object(e["sha256"], e["size"], dest)
-                os.chmod(dest, e["mode"])
+                self._copy_object(e["sha256"], e["size"], dest, e["mode"])
+                files.append(dest)
         for dest, mode in reversed(dirs):  # deepest first, so no parent turns read-only too early
             os.chmod(dest, mode)
+        return files, list(made)
 
-    def _copy_object(self, digest: str, size: int, dest: str) -> None:
-        h = hashlib.sha256()
-        n = 0
+    def _copy_object(self, digest: str, size: int, dest: str, mode: int) -> None:
+        """Copy an object to a new file, checking its size and hash; small
+        objects are checked before anything is written."""
         try:
-            src = open(self.object_path(digest), "rb")
-        except FileNotFoundError:
+            # O_NONBLOCK: something other than a file put at an object's path
+            # (a FIFO) must not hang the restore; fstat then refuses it.
+            src = os.open(self.object_path(digest), os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
             raise _Damaged(f"object {digest} does not exist") from None
-        with src:
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                while chunk := src.read(_CHUNK):
+        try:
+            st = os.fstat(src)
+            if not stat.S_ISREG(st.st_mode):
+                raise _Damaged(f"object {digest} does not exist")
+            if st.st_size != size:
+                raise _Damaged(f"object {digest} is damaged")
+            if size <= _CHUNK:
+                data = _read_upto(src, size + 1)
+                if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+                    raise _Damaged(f"object {digest} is damaged")
+                out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+                try:
+                    _write_all(out, data)
+                    os.fchmod(out, mode)
+                finally:
+                    os.close(out)
+                return
+            h = hashlib.sha256()
+            n = 0
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+            try:
+                while chunk := os.read(src, _CHUNK):
                     h.update(chunk)
                     n += len(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-        if h.hexdigest() != digest or n != size:
-            raise _Damaged(f"object {digest} is damaged")
+                    _write_all(out, chunk)
+                os.fchmod(out, mode)
+            finally:
+                os.close(out)
+            if h.hexdigest() != digest or n != size:
+                raise _Damaged(f"object {digest} is damaged")
+        finally:
+            os.close(src)
 
     # ------------------------------------------------------ checkpoint
 
@@ -549,104 +688,92 @@ class LocalDirectory:
         if not os.path.isdir(handle.path):
             raise FileNotFoundError(errno.ENOENT, "the workspace directory is gone", handle.path)
         started = time.time_ns()
-        entries: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        self._walk(handle, handle.path, "", entries, seen, started)
-        for gone in set(handle._hashes) - seen:
-            del handle._hashes[gone]
-        data = manifest_bytes(entries)
-        digest = hashlib.sha256(data).hexdigest()
-        final = os.path.join(self.snapshots, digest + ".json")
-        if not os.path.isfile(final):
-            self._store_file(data, final)
+        batch = _Batch(self.tmp, self.objects)
+        try:
+            parts: list[tuple[bytes, bytes]] = []
+            known: dict[str, _Known] = {}
+            self._walk(handle, handle.path, "", parts, known, started - _RACY_NS, batch)
+            data = _assemble(parts)
+            digest = hashlib.sha256(data).hexdigest()
+            final = os.path.join(self.snapshots, digest + ".json")
+            if not os.path.isfile(final):
+                batch.add(data, final)
+            batch.commit()
+        finally:
+            batch.close()
+        # Only now are the objects the new entries name durable; until then the
+        # old entries, whose objects were, stay.
+        handle._hashes = known
         return "sha256:" + digest
 
-    def _walk(self, handle: LocalDirectoryHandle, directory: str, prefix: str, entries: list[dict[str, Any]],
-              seen: set[str], started: int) -> None:
+    def _walk(self, handle: LocalDirectoryHandle, directory: str, prefix: str, parts: list[tuple[bytes, bytes]],
+              known: dict[str, _Known], settled: int, batch: _Batch) -> None:
+        """Add the entries below `directory` to `parts`, and the files hashed
+        before `settled` (outside the racy window) to `known`."""
         with os.scandir(directory) as it:
-            children = sorted(it, key=lambda d: d.name.encode("utf-8", "surrogateescape"))
+            children = sorted(it, key=_sort_name)
+        cache = handle._hashes
         for child in children:
-            rel = child.name if not prefix else prefix + "/" + child.name
-            _utf8_name(child.name, rel)
+            rel = prefix + child.name
             st = child.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
+            mode = st.st_mode
+            if stat.S_ISREG(mode):
+                key = (mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+                hit = cache.get(rel)
+                # An object, once stored, is never removed by the driver; the
+                # stat guards against the store being damaged from outside,
+                # which would otherwise yield a ref that cannot be restored.
+                if hit is not None and hit.key == key and _is_file(hit.obj):
+                    known[rel] = hit
+                    parts.append((hit.path, hit.entry))
+                    continue
+            _utf8_name(child.name, rel)
+            if stat.S_ISLNK(mode):
                 target = os.readlink(child.path)
                 _utf8_name(target, rel)
-                entries.append({"path": rel, "target": target, "type": "symlink"})
-            elif stat.S_ISDIR(st.st_mode):
-                entries.append({"mode": stat.S_IMODE(st.st_mode), "path": rel, "type": "dir"})
-                self._walk(handle, child.path, rel, entries, seen, started)
-            elif stat.S_ISREG(st.st_mode):
-                seen.add(rel)
-                digest, size = self._store_object(handle, child.path, rel, st, started)
-                entries.append({"mode": stat.S_IMODE(st.st_mode), "path": rel, "sha256": digest, "size": size,
-                                "type": "file"})
+                parts.append((rel.encode("utf-8"), _entry_bytes({"path": rel, "target": target, "type": "symlink"})))
+            elif stat.S_ISDIR(mode):
+                parts.append((rel.encode("utf-8"), _entry_bytes({"mode": stat.S_IMODE(mode), "path": rel,
+                                                                 "type": "dir"})))
+                self._walk(handle, child.path, rel + "/", parts, known, settled, batch)
+            elif stat.S_ISREG(mode):
+                hashed = self._store_object(child.path, rel, st, batch)
+                parts.append((hashed.path, hashed.entry))
+                if max(st.st_mtime_ns, st.st_ctime_ns) < settled:
+                    known[rel] = hashed
             else:
                 raise ValueError(f"{rel}: cannot capture a FIFO, socket or device file")
 
-    def _store_object(self, handle: LocalDirectoryHandle, path: str, rel: str, st: os.stat_result,
-                      started: int) -> tuple[str, int]:
-        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-        cached = handle._hashes.get(rel)
-        if cached is not None and cached[0] == key and os.path.isfile(self.object_path(cached[1])):
-            return cached[1], st.st_size
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        digest = h.hexdigest()
-        obj = self.object_path(digest)
-        if not os.path.isfile(obj):
-            self._copy_in(path, digest, obj)
-        after = os.lstat(path)
-        now_key = (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino, after.st_dev)
-        if now_key != key:
-            raise ValueError(f"{rel}: the file changed while it was captured")
-        if max(st.st_mtime_ns, st.st_ctime_ns) < started - _RACY_NS:
-            handle._hashes[rel] = (key, digest)
-        else:
-            handle._hashes.pop(rel, None)
-        return digest, st.st_size
-
-    def _copy_in(self, path: str, digest: str, obj: str) -> None:
-        """Copy a file into the object store through `tmp/`, checking that
-        what was copied still has the hash computed before."""
-        tmp = os.path.join(self.tmp, uuid.uuid4().hex)
-        h = hashlib.sha256()
+    def _store_object(self, path: str, rel: str, st: os.stat_result, batch: _Batch) -> _Known:
+        """Hash a file and stage its object unless the store has it. A small
+        file is read once, and what is staged is what was hashed."""
+        key = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        data: bytes | None = None
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with open(path, "rb") as src, os.fdopen(fd, "wb") as out:
-                while chunk := src.read(_CHUNK):
+            if st.st_size <= _CHUNK:
+                data = _read_upto(fd, st.st_size + 1)
+                digest = hashlib.sha256(data).hexdigest()
+            else:
+                h = hashlib.sha256()
+                while chunk := os.read(fd, _CHUNK):
                     h.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if h.hexdigest() != digest:
-                raise ValueError(f"{path}: the file changed while it was captured")
-            os.chmod(tmp, 0o444)
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            os.replace(tmp, obj)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(os.path.dirname(obj))
-
-    def _store_file(self, data: bytes, final: str) -> None:
-        tmp = os.path.join(self.tmp, uuid.uuid4().hex)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(os.path.dirname(final))
+                digest = h.hexdigest()
+        finally:
+            os.close(fd)
+        obj = self.object_path(digest)
+        if obj not in batch and not _is_file(obj):
+            if data is None:
+                batch.add_copy(path, digest, obj)
+            elif len(data) == st.st_size:
+                batch.add(data, obj)
+        after = os.lstat(path)
+        if (data is not None and len(data) != st.st_size) or \
+                (after.st_mode, after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino, after.st_dev) != key:
+            raise ValueError(f"{rel}: the file changed while it was captured")
+        entry = _entry_bytes({"mode": stat.S_IMODE(st.st_mode), "path": rel, "sha256": digest, "size": st.st_size,
+                              "type": "file"})
+        return _Known(key, rel.encode("utf-8"), entry, obj)
 
 
 def _parse_manifest(data: bytes) -> list[dict[str, Any]]:
@@ -699,14 +826,31 @@ def _valid_path(path: str) -> bool:
     return all(seg not in ("", ".", "..") for seg in path.split("/"))
 
 
-def _copy_tree(src: str, dst: str) -> None:
+def _make_dirs(path: str, mode: int) -> None:
+    """os.makedirs, fsyncing the parent of each directory it creates, so
+    that the store's directories outlast a crash like the files in them."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        _make_dirs(parent, 0o777)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return
+    _fsync_dir(parent)
+
+
+def _copy_tree(src: str, dst: str) -> tuple[list[str], list[str]]:
     """Copy a template: directories, regular files and symlinks, with their
-    modes; anything else is refused."""
+    modes; anything else is refused. Returns the files and directories
+    copied, to be made durable by the caller."""
     st = os.stat(src)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "the template is not a directory", src)
     os.mkdir(dst, 0o700)
     dirs: list[tuple[str, int]] = [(dst, stat.S_IMODE(st.st_mode))]
+    files: list[str] = []
     for dirpath, dirnames, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         target_dir = dst if rel == "." else os.path.join(dst, rel)
@@ -722,14 +866,11 @@ def _copy_tree(src: str, dst: str) -> None:
             elif stat.S_ISREG(lst.st_mode):
                 shutil.copyfile(s, d, follow_symlinks=False)
                 os.chmod(d, stat.S_IMODE(lst.st_mode))
-                fd = os.open(d, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                files.append(d)
             else:
                 raise ValueError(f"{s}: cannot copy a FIFO, socket or device file")
         # os.walk does not descend into symlinked directories: they stay links.
         dirnames[:] = [n for n in dirnames if not os.path.islink(os.path.join(dirpath, n))]
     for d, mode in reversed(dirs):
         os.chmod(d, mode)
+    return files, [d for d, _mode in dirs]
