@@ -32,13 +32,14 @@ var cleanupReasons = map[string]bool{
 // forkPlan is everything a fork copies from its source, read before the
 // write transaction: what lies at or before the fork point never changes.
 type forkPlan struct {
+	id          string // the fork's id, chosen first so that the copies' step ids are known while reading
 	source      *store.Execution
 	at          int64
 	steps       []*store.Step       // copied source steps, in recording order
 	resources   []*store.Resource   // copied resources, in registration order
 	checkpoints []*store.Checkpoint // per key, by covered_seq
-	kept        []*store.Event      // kept source events, in order
-	keptValues  []*jsonx.Value      // their parsed payloads
+	ids         map[string]string   // source step id → the copy's
+	kept        []*store.Event      // kept source events, in order, payloads already carrying the copies' step ids
 	generations map[string]int64    // generation of each key at the fork point
 	covered     map[string]bool     // coverage of each key at the fork point
 	restoreAt   map[string]*store.Checkpoint
@@ -117,8 +118,8 @@ func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*sto
 // planFork reads and selects what the fork copies (§5.2).
 func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64) (*forkPlan, error) {
 	rd := k.store.Read()
-	p := &forkPlan{source: source, at: at, generations: map[string]int64{}, covered: map[string]bool{},
-		restoreAt: map[string]*store.Checkpoint{}}
+	p := &forkPlan{id: newID(), source: source, at: at, generations: map[string]int64{}, covered: map[string]bool{},
+		restoreAt: map[string]*store.Checkpoint{}, ids: map[string]string{}}
 
 	copied := map[string]bool{}
 	for after := int64(0); ; {
@@ -133,6 +134,7 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 			}
 			p.steps = append(p.steps, s)
 			copied[s.StepID] = true
+			p.ids[s.StepID] = identity.StepID(p.id, s.Kind, s.Target, s.ArgsHash, s.Occurrence)
 		}
 		if len(page) < wire.StepsPageSize {
 			break
@@ -171,8 +173,9 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 				return nil, err
 			}
 			if keep {
+				// Rewritten now, so that only bytes are held until the write.
+				ev.Payload = rewriteStepID(ev.Payload, v, p.ids)
 				p.kept = append(p.kept, ev)
-				p.keptValues = append(p.keptValues, v)
 			}
 		}
 		if len(evs) < wire.MaxEventsLimit {
@@ -256,7 +259,7 @@ func intValue(v *jsonx.Value) (int64, bool) {
 func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	src := p.source
 	e := &store.Execution{
-		ID: newID(), AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
+		ID: p.id, AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
 		CreatedAt: o.now, UpdatedAt: o.now, ParentID: src.ParentID, OnBehalfOf: src.OnBehalfOf,
 		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{}, IdempotencyKey: p.idemKey,
 	}
@@ -291,29 +294,23 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	o.emit(wire.EventExecutionForked, (&jsonx.Object{}).String("source_execution_id", src.ID).Int("fork_seq", p.at).
 		Raw("restoration", e.Restoration))
 
-	// Copied steps: narrow rows sharing the source's bodies.
-	ids := make(map[string]string, len(p.steps))
-	for _, s := range p.steps {
-		ids[s.StepID] = identity.StepID(e.ID, s.Kind, s.Target, s.ArgsHash, s.Occurrence)
-	}
-
-	// The kept events, renumbered, with copied step ids; copies keep their
-	// source's occurred_at and are not counted against the fork's limits.
-	sourceSeqs := make([]int64, 0, len(p.kept))
-	copies := make([]*store.Event, 0, len(p.kept))
+	ids := p.ids
+	// The kept events become the fork's, renumbered (their payloads carry
+	// the copies' step ids already); copies keep their source's occurred_at
+	// and are not counted against the fork's limits.
+	// The plan is left as it is: the transaction may run this again.
+	sourceSeqs := make([]int64, len(p.kept))
+	copies := make([]store.Event, len(p.kept))
+	firstSeq := e.LastSeq + 1
 	for i, ev := range p.kept {
-		payload := rewriteStepID(ev.Payload, p.keptValues[i], ids)
+		sourceSeqs[i] = ev.Seq
 		e.LastSeq++
-		copies = append(copies, &store.Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: ev.Type, Payload: payload, OccurredAt: ev.OccurredAt})
-		sourceSeqs = append(sourceSeqs, ev.Seq)
+		copies[i] = store.Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: ev.Type, Payload: ev.Payload, OccurredAt: ev.OccurredAt}
+		o.events = append(o.events, &copies[i])
 	}
-	o.events = append(o.events, copies...)
 	mapSeq := func(x int64) int64 {
 		i := sort.Search(len(sourceSeqs), func(i int) bool { return sourceSeqs[i] > x })
-		if i == 0 {
-			return 2
-		}
-		return copies[i-1].Seq
+		return firstSeq - 1 + int64(i) // the i-th kept event, or execution.forked when none
 	}
 
 	copiesOfSteps := make([]*store.Step, 0, len(p.steps))

@@ -345,11 +345,15 @@ class LocalFiles:
         return await asyncio.to_thread(make)
 
 
+_DirKey = tuple[int, int, int, int]  # (mtime_ns, ctime_ns, inode, device) of a fan-out directory
+
+
 class _Known(NamedTuple):
     """A file hashed by an earlier capture of a handle."""
     key: tuple[int, int, int, int, int, int]  # (st_mode, size, mtime_ns, ctime_ns, inode, device) then
     path: bytes  # the path as UTF-8: the manifest's sort key
     entry: bytes  # the file's manifest entry, serialised
+    fan: str  # its object's fan-out directory (the digest's first two hex digits)
     obj: str  # its object's path
 
 
@@ -362,9 +366,62 @@ class LocalDirectoryHandle:
         # path → what an earlier capture of this handle learnt of the file;
         # only files whose times were outside the racy window then.
         self._hashes: dict[str, _Known] = {}
+        # fan-out directory → its stat when every object of _hashes in it was
+        # last seen to exist (see _ObjectChecks).
+        self._fans: dict[str, _DirKey] = {}
 
     def __repr__(self) -> str:
         return f"LocalDirectoryHandle({self.path!r})"
+
+
+class _ObjectChecks:
+    """Whether the objects a capture names are in the store, at about one
+    stat per fan-out directory rather than one per file.
+
+    The driver never removes an object, but damage from outside must not
+    yield a ref that cannot be restored. Removing or renaming an object
+    changes its directory's mtime and ctime, so while a directory's stat is
+    what it was when a capture last saw all of the handle's objects in it,
+    they are all still there. A stat is only trusted once its times are
+    outside the racy window, for the same reason as a file's; a directory
+    this capture stores objects into is looked at afresh next time. Each
+    directory is looked at before any of its objects is checked.
+    """
+
+    def __init__(self, objects: str, trusted: dict[str, _DirKey], settled: int) -> None:
+        self._objects = objects + "/"
+        self._trusted = trusted  # the handle's record from earlier captures
+        self._settled = settled
+        self._seen: dict[str, _DirKey | None] = {}
+        self._unchanged: set[str] = set()
+
+    def _look(self, fan: str) -> None:
+        try:
+            st = os.stat(self._objects + fan)
+        except OSError:
+            self._seen[fan] = None
+            return
+        key = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        self._seen[fan] = key
+        if self._trusted.get(fan) == key:
+            self._unchanged.add(fan)
+
+    def still_there(self, known: _Known) -> bool:
+        """Whether an object an earlier capture saw is still in the store."""
+        if known.fan not in self._seen:
+            self._look(known.fan)
+        return known.fan in self._unchanged or _is_file(known.obj)
+
+    def present(self, fan: str, obj: str) -> bool:
+        """Whether the store has an object."""
+        if fan not in self._seen:
+            self._look(fan)
+        return _is_file(obj)
+
+    def record(self, stored_into: set[str]) -> dict[str, _DirKey]:
+        """The record for the next capture, once this one is durable."""
+        return {fan: key for fan, key in self._seen.items()
+                if key is not None and fan not in stored_into and max(key[0], key[1]) < self._settled}
 
 
 class _Batch:
@@ -379,6 +436,7 @@ class _Batch:
         self._staged: list[tuple[str, str]] = []  # (temp file, final path)
         self._finals: set[str] = set()
         self._syncer: _Syncer | None = None
+        self.renamed_into: set[str] = set()  # directories that gained a file
 
     def __contains__(self, final: str) -> bool:
         return final in self._finals
@@ -401,13 +459,13 @@ class _Batch:
         finally:
             os.close(fd)
 
-    def add_copy(self, path: str, digest: str, final: str) -> None:
+    def add_copy(self, dir_fd: int, name: str, rel: str, digest: str, final: str) -> None:
         """Stage a read-only copy of a file, checking that what was copied
         still has the hash computed before."""
         h = hashlib.sha256()
         fd = self._open(final)
         try:
-            src = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+            src = os.open(name, os.O_RDONLY | _O_CLOEXEC, dir_fd=dir_fd)
             try:
                 while chunk := os.read(src, _CHUNK):
                     h.update(chunk)
@@ -418,7 +476,7 @@ class _Batch:
         finally:
             os.close(fd)
         if h.hexdigest() != digest:
-            raise ValueError(f"{path}: the file changed while it was captured")
+            raise ValueError(f"{rel}: the file changed while it was captured")
 
     def commit(self) -> None:
         if not self._staged:
@@ -438,6 +496,7 @@ class _Batch:
                 dirs.add(self._objects)
                 os.replace(tmp, final)
             dirs.add(parent)
+            self.renamed_into.add(parent)
             self._staged.pop(0)
         self._syncer.sync((), sorted(dirs))
 
@@ -616,68 +675,29 @@ class LocalDirectory:
         files: list[str] = []
         made: set[str] = {staging}  # directories that exist
         dirs: list[tuple[str, int]] = []
+        objects = self.objects + "/"
         for e in sorted(entries, key=lambda x: str(x["path"]).encode("utf-8")):
-            dest = os.path.join(staging, *e["path"].split("/"))
-            parent = os.path.dirname(dest)
+            dest = staging + "/" + e["path"]  # a validated relative path of "/"-separated names
+            parent = dest.rpartition("/")[0]
             if parent not in made:  # a parent the manifest does not list
                 os.makedirs(parent, exist_ok=True)
                 while parent not in made:
                     made.add(parent)
                     parent = os.path.dirname(parent)
-            if e["type"] == "dir":
+            kind = e["type"]
+            if kind == "file":
+                digest = e["sha256"]
+                _copy_object(objects + digest[:2] + "/" + digest[2:], digest, e["size"], dest, e["mode"])
+                files.append(dest)
+            elif kind == "dir":
                 os.mkdir(dest, 0o700)
                 made.add(dest)
                 dirs.append((dest, e["mode"]))
-            elif e["type"] == "symlink":
-                os.symlink(e["target"], dest)
             else:
-                self._copy_object(e["sha256"], e["size"], dest, e["mode"])
-                files.append(dest)
+                os.symlink(e["target"], dest)
         for dest, mode in reversed(dirs):  # deepest first, so no parent turns read-only too early
             os.chmod(dest, mode)
         return files, list(made)
-
-    def _copy_object(self, digest: str, size: int, dest: str, mode: int) -> None:
-        """Copy an object to a new file, checking its size and hash; small
-        objects are checked before anything is written."""
-        try:
-            # O_NONBLOCK: something other than a file put at an object's path
-            # (a FIFO) must not hang the restore; fstat then refuses it.
-            src = os.open(self.object_path(digest), os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            raise _Damaged(f"object {digest} does not exist") from None
-        try:
-            st = os.fstat(src)
-            if not stat.S_ISREG(st.st_mode):
-                raise _Damaged(f"object {digest} does not exist")
-            if st.st_size != size:
-                raise _Damaged(f"object {digest} is damaged")
-            if size <= _CHUNK:
-                data = _read_upto(src, size + 1)
-                if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-                    raise _Damaged(f"object {digest} is damaged")
-                out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
-                try:
-                    _write_all(out, data)
-                    os.fchmod(out, mode)
-                finally:
-                    os.close(out)
-                return
-            h = hashlib.sha256()
-            n = 0
-            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
-            try:
-                while chunk := os.read(src, _CHUNK):
-                    h.update(chunk)
-                    n += len(chunk)
-                    _write_all(out, chunk)
-                os.fchmod(out, mode)
-            finally:
-                os.close(out)
-            if h.hexdigest() != digest or n != size:
-                raise _Damaged(f"object {digest} is damaged")
-        finally:
-            os.close(src)
 
     # ------------------------------------------------------ checkpoint
 
@@ -688,11 +708,18 @@ class LocalDirectory:
         if not os.path.isdir(handle.path):
             raise FileNotFoundError(errno.ENOENT, "the workspace directory is gone", handle.path)
         started = time.time_ns()
+        settled = started - _RACY_NS
+        checks = _ObjectChecks(self.objects, handle._fans, settled)
         batch = _Batch(self.tmp, self.objects)
         try:
             parts: list[tuple[bytes, bytes]] = []
             known: dict[str, _Known] = {}
-            self._walk(handle, handle.path, "", parts, known, started - _RACY_NS, batch)
+            # Relative to directory descriptors: one name to look up per stat, not the whole path.
+            fd = os.open(handle.path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+            try:
+                self._walk(handle._hashes, fd, "", parts, known, settled, checks, batch)
+            finally:
+                os.close(fd)
             data = _assemble(parts)
             digest = hashlib.sha256(data).hexdigest()
             final = os.path.join(self.snapshots, digest + ".json")
@@ -704,55 +731,58 @@ class LocalDirectory:
         # Only now are the objects the new entries name durable; until then the
         # old entries, whose objects were, stay.
         handle._hashes = known
+        handle._fans = checks.record({os.path.basename(d) for d in batch.renamed_into})
         return "sha256:" + digest
 
-    def _walk(self, handle: LocalDirectoryHandle, directory: str, prefix: str, parts: list[tuple[bytes, bytes]],
-              known: dict[str, _Known], settled: int, batch: _Batch) -> None:
-        """Add the entries below `directory` to `parts`, and the files hashed
+    def _walk(self, cache: dict[str, _Known], dir_fd: int, prefix: str, parts: list[tuple[bytes, bytes]],
+              known: dict[str, _Known], settled: int, checks: _ObjectChecks, batch: _Batch) -> None:
+        """Add the entries below a directory to `parts`, and the files hashed
         before `settled` (outside the racy window) to `known`."""
-        with os.scandir(directory) as it:
+        with os.scandir(dir_fd) as it:
             children = sorted(it, key=_sort_name)
-        cache = handle._hashes
         for child in children:
-            rel = prefix + child.name
+            name = child.name
+            rel = prefix + name
             st = child.stat(follow_symlinks=False)
             mode = st.st_mode
             if stat.S_ISREG(mode):
-                key = (mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
                 hit = cache.get(rel)
-                # An object, once stored, is never removed by the driver; the
-                # stat guards against the store being damaged from outside,
-                # which would otherwise yield a ref that cannot be restored.
-                if hit is not None and hit.key == key and _is_file(hit.obj):
+                if hit is not None and hit.key == (mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                                   st.st_dev) and checks.still_there(hit):
                     known[rel] = hit
                     parts.append((hit.path, hit.entry))
                     continue
-            _utf8_name(child.name, rel)
+            _utf8_name(name, rel)
             if stat.S_ISLNK(mode):
-                target = os.readlink(child.path)
+                target = os.readlink(name, dir_fd=dir_fd)
                 _utf8_name(target, rel)
                 parts.append((rel.encode("utf-8"), _entry_bytes({"path": rel, "target": target, "type": "symlink"})))
             elif stat.S_ISDIR(mode):
                 parts.append((rel.encode("utf-8"), _entry_bytes({"mode": stat.S_IMODE(mode), "path": rel,
                                                                  "type": "dir"})))
-                self._walk(handle, child.path, rel + "/", parts, known, settled, batch)
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    self._walk(cache, sub, rel + "/", parts, known, settled, checks, batch)
+                finally:
+                    os.close(sub)
             elif stat.S_ISREG(mode):
-                hashed = self._store_object(child.path, rel, st, batch)
+                hashed = self._store_object(dir_fd, name, rel, st, checks, batch)
                 parts.append((hashed.path, hashed.entry))
                 if max(st.st_mtime_ns, st.st_ctime_ns) < settled:
                     known[rel] = hashed
             else:
                 raise ValueError(f"{rel}: cannot capture a FIFO, socket or device file")
 
-    def _store_object(self, path: str, rel: str, st: os.stat_result, batch: _Batch) -> _Known:
+    def _store_object(self, dir_fd: int, name: str, rel: str, st: os.stat_result, checks: _ObjectChecks,
+                      batch: _Batch) -> _Known:
         """Hash a file and stage its object unless the store has it. A small
         file is read once, and what is staged is what was hashed."""
         key = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
         data: bytes | None = None
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | _O_CLOEXEC, dir_fd=dir_fd)
         try:
             if st.st_size <= _CHUNK:
-                data = _read_upto(fd, st.st_size + 1)
+                data = _read_upto(fd, st.st_size)
                 digest = hashlib.sha256(data).hexdigest()
             else:
                 h = hashlib.sha256()
@@ -761,19 +791,20 @@ class LocalDirectory:
                 digest = h.hexdigest()
         finally:
             os.close(fd)
+        fan = digest[:2]
         obj = self.object_path(digest)
-        if obj not in batch and not _is_file(obj):
+        if obj not in batch and not checks.present(fan, obj):
             if data is None:
-                batch.add_copy(path, digest, obj)
+                batch.add_copy(dir_fd, name, rel, digest, obj)
             elif len(data) == st.st_size:
                 batch.add(data, obj)
-        after = os.lstat(path)
+        after = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if (data is not None and len(data) != st.st_size) or \
                 (after.st_mode, after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino, after.st_dev) != key:
             raise ValueError(f"{rel}: the file changed while it was captured")
         entry = _entry_bytes({"mode": stat.S_IMODE(st.st_mode), "path": rel, "sha256": digest, "size": st.st_size,
                               "type": "file"})
-        return _Known(key, rel.encode("utf-8"), entry, obj)
+        return _Known(key, rel.encode("utf-8"), entry, fan, obj)
 
 
 def _parse_manifest(data: bytes) -> list[dict[str, Any]]:
@@ -790,7 +821,7 @@ def _parse_manifest(data: bytes) -> list[dict[str, Any]]:
         raise _Damaged("the manifest's entries are not a list")
     types: dict[str, str] = {}
     for e in entries:
-        if not isinstance(e, dict) or e.get("type") not in _ENTRY_KEYS or set(e) != _ENTRY_KEYS[e["type"]]:
+        if not isinstance(e, dict) or e.get("type") not in _ENTRY_KEYS or e.keys() != _ENTRY_KEYS[e["type"]]:
             raise _Damaged(f"invalid entry {e!r}")
         path = e["path"]
         if not isinstance(path, str) or not _valid_path(path):
@@ -824,6 +855,49 @@ def _valid_path(path: str) -> bool:
     if not path or path.startswith("/") or "\x00" in path:
         return False
     return all(seg not in ("", ".", "..") for seg in path.split("/"))
+
+
+def _copy_object(obj: str, digest: str, size: int, dest: str, mode: int) -> None:
+    """Copy an object to a new file, checking its size and hash; small
+    objects are checked before anything is written."""
+    try:
+        # O_NONBLOCK: something other than a file put at an object's path
+        # (a FIFO) must not hang the restore; fstat then refuses it.
+        src = os.open(obj, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _Damaged(f"object {digest} does not exist") from None
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Damaged(f"object {digest} does not exist")
+        if st.st_size != size:
+            raise _Damaged(f"object {digest} is damaged")
+        if size <= _CHUNK:
+            data = _read_upto(src, size)
+            if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+                raise _Damaged(f"object {digest} is damaged")
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+            try:
+                _write_all(out, data)
+                os.fchmod(out, mode)
+            finally:
+                os.close(out)
+            return
+        h = hashlib.sha256()
+        n = 0
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        try:
+            while chunk := os.read(src, _CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+                _write_all(out, chunk)
+            os.fchmod(out, mode)
+        finally:
+            os.close(out)
+        if h.hexdigest() != digest or n != size:
+            raise _Damaged(f"object {digest} is damaged")
+    finally:
+        os.close(src)
 
 
 def _make_dirs(path: str, mode: int) -> None:
