@@ -24,17 +24,22 @@ workspace raises `CheckpointUnavailable`.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import concurrent.futures
 import ctypes
 import errno
 import functools
 import hashlib
 import json
+import operator
 import os
+import platform
 import re
 import shutil
 import stat
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -61,7 +66,15 @@ _RACY_NS = 100_000_000
 # then never waits for other processes' dirty data, and a restore of a
 # thousand files pays for one flush of the disk's cache, not a thousand.
 _FSYNC_MAX = 8
+# Restores of fewer files copy them on one thread (see _copy_objects).
+_PARALLEL_MIN = 64
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NAME = operator.attrgetter("name")
+# FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (_IOR/_IOW('f', 1/2, long)) on the
+# machines whose ioctl numbers use the generic encoding with 8-byte longs,
+# and FS_TOPDIR_FL, chattr's "T" (see _spread_subdirectories).
+_FS_IOC_FLAGS = {m: (0x80086601, 0x40086602) for m in ("x86_64", "aarch64", "arm64", "riscv64")}
+_FS_TOPDIR_FL = 0x00020000
 # The manifest around its entries: manifest_bytes with the entries spliced
 # in, so that entries serialised by earlier captures can be reused.
 _MANIFEST_HEAD = b'{"entries":['
@@ -147,10 +160,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _sort_name(entry: os.DirEntry[str]) -> bytes:
-    return entry.name.encode("utf-8", "surrogateescape")
-
-
 _syncfs_refused = False
 
 
@@ -222,6 +231,41 @@ class _Syncer:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _spread_subdirectories(path: str) -> None:
+    """Mark a directory whose subdirectories are unrelated trees (chattr +T).
+
+    ext2/3/4 then place each new subdirectory, and so the files created in
+    it, in a lightly used block group instead of next to its parent. It
+    matters most on ext4 without a journal (this project's test machine): to
+    help recovery after a crash, its inode allocator passes over every inode
+    of a group freed in the last minute or more (five when the inode table
+    is not yet written back), one by one, for each new file, so in a group
+    where files were recently deleted, by anyone, a 1,000-file restore spent
+    0.2 to 1.3 s creating files; in a group of its own, 30 to 45 ms. A
+    filesystem without the flag refuses it, and nothing else changes.
+    """
+    numbers = _FS_IOC_FLAGS.get(platform.machine()) if sys.platform.startswith("linux") else None
+    if numbers is None:
+        return
+    import fcntl
+
+    get_flags, set_flags = numbers
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        flags = array.array("i", [0])  # the kernel reads and writes an int
+        fcntl.ioctl(fd, get_flags, flags, True)
+        if not flags[0] & _FS_TOPDIR_FL:
+            flags[0] |= _FS_TOPDIR_FL
+            fcntl.ioctl(fd, set_flags, flags)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _force_rmtree(path: str) -> None:
@@ -533,6 +577,7 @@ class LocalDirectory:
         self.root = os.path.abspath(os.fspath(root))
         self.template = None if template is None else os.path.abspath(os.fspath(template))
         self.coverage_reuse = coverage_reuse
+        self._spread = False  # whether _layout has marked tmp/ (a hint; once per instance is enough)
 
     @property
     def configuration(self) -> dict[str, Any]:
@@ -574,9 +619,14 @@ class LocalDirectory:
         if not os.path.isdir(self.root):
             _make_dirs(self.root, 0o700)
             os.chmod(self.root, 0o700)
+            if os.environ.get("LD_ROOT_TOPDIR") == "1":
+                _spread_subdirectories(self.root)
         for d in (self.workspaces, self.objects, self.snapshots, self.tmp):
             if not os.path.isdir(d):
                 _make_dirs(d, 0o777)
+        if not self._spread:
+            _spread_subdirectories(self.tmp)  # every staged workspace is a tree of its own
+            self._spread = True
 
     # ----------------------------------------------------------- driver
 
@@ -672,7 +722,7 @@ class LocalDirectory:
 
     def _materialise(self, entries: list[dict[str, Any]], staging: str) -> tuple[list[str], list[str]]:
         """Build the tree in `staging`; return its files and directories."""
-        files: list[str] = []
+        copies: list[tuple[str, str, int, str, int]] = []  # (object, digest, size, file, mode)
         made: set[str] = {staging}  # directories that exist
         dirs: list[tuple[str, int]] = []
         objects = self.objects + "/"
@@ -687,17 +737,17 @@ class LocalDirectory:
             kind = e["type"]
             if kind == "file":
                 digest = e["sha256"]
-                _copy_object(objects + digest[:2] + "/" + digest[2:], digest, e["size"], dest, e["mode"])
-                files.append(dest)
+                copies.append((objects + digest[:2] + "/" + digest[2:], digest, e["size"], dest, e["mode"]))
             elif kind == "dir":
                 os.mkdir(dest, 0o700)
                 made.add(dest)
                 dirs.append((dest, e["mode"]))
             else:
                 os.symlink(e["target"], dest)
+        _copy_objects(copies)
         for dest, mode in reversed(dirs):  # deepest first, so no parent turns read-only too early
             os.chmod(dest, mode)
-        return files, list(made)
+        return [c[3] for c in copies], list(made)
 
     # ------------------------------------------------------ checkpoint
 
@@ -739,7 +789,8 @@ class LocalDirectory:
         """Add the entries below a directory to `parts`, and the files hashed
         before `settled` (outside the racy window) to `known`."""
         with os.scandir(dir_fd) as it:
-            children = sorted(it, key=_sort_name)
+            # Code point order is UTF-8 byte order for every name a capture accepts.
+            children = sorted(it, key=_NAME)
         for child in children:
             name = child.name
             rel = prefix + name
@@ -821,7 +872,9 @@ def _parse_manifest(data: bytes) -> list[dict[str, Any]]:
         raise _Damaged("the manifest's entries are not a list")
     types: dict[str, str] = {}
     for e in entries:
-        if not isinstance(e, dict) or e.get("type") not in _ENTRY_KEYS or e.keys() != _ENTRY_KEYS[e["type"]]:
+        kind = e.get("type") if isinstance(e, dict) else None
+        keys = _ENTRY_KEYS.get(kind) if isinstance(kind, str) else None
+        if keys is None or e.keys() != keys:
             raise _Damaged(f"invalid entry {e!r}")
         path = e["path"]
         if not isinstance(path, str) or not _valid_path(path):
@@ -829,32 +882,69 @@ def _parse_manifest(data: bytes) -> list[dict[str, Any]]:
         if path in types:
             raise _Damaged(f"duplicate path {path!r}")
         types[path] = e["type"]
-        if e["type"] in ("dir", "file"):
+        if kind in ("dir", "file"):
             mode = e["mode"]
             if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
                 raise _Damaged(f"invalid mode {mode!r} of {path!r}")
-        if e["type"] == "file":
+        if kind == "file":
             if not isinstance(e["sha256"], str) or _HEX.fullmatch(e["sha256"]) is None:
                 raise _Damaged(f"invalid object hash of {path!r}")
             size = e["size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise _Damaged(f"invalid size of {path!r}")
-        if e["type"] == "symlink":
+        elif kind == "symlink":
             target = e["target"]
             if not isinstance(target, str) or not target or "\x00" in target:
                 raise _Damaged(f"invalid symlink target of {path!r}")
     for path in types:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            if types.get("/".join(parts[:i]), "dir") != "dir":
-                raise _Damaged(f"{path!r} lies below a {types['/'.join(parts[:i])]}")
+        # Up to the nearest listed ancestor: that one's own ancestors are checked in its turn.
+        i = path.rfind("/")
+        while i > 0:
+            above = types.get(path[:i])
+            if above is not None:
+                if above != "dir":
+                    raise _Damaged(f"{path!r} lies below a {above}")
+                break
+            i = path.rfind("/", 0, i)
     return entries
 
 
 def _valid_path(path: str) -> bool:
-    if not path or path.startswith("/") or "\x00" in path:
+    if not path or path[0] == "/" or "\x00" in path:
         return False
-    return all(seg not in ("", ".", "..") for seg in path.split("/"))
+    segments = path.split("/")
+    return "" not in segments and "." not in segments and ".." not in segments
+
+
+def _copy_objects(copies: list[tuple[str, str, int, str, int]]) -> None:
+    """Copy objects into a staged tree (the bulk of a restore's time).
+
+    Creating a file is mostly kernel time, during which a second thread can
+    read, check and write other files: two threads restored 1,000 files in
+    about 35 ms where one took 45 on the test machine. More do not help:
+    creates in one directory take turns, and the rest holds the GIL.
+    """
+    copiers = min(2, os.cpu_count() or 1)
+    if copiers < 2 or len(copies) < _PARALLEL_MIN:
+        for c in copies:
+            _copy_object(*c)
+        return
+    failed = threading.Event()
+
+    def run(part: list[tuple[str, str, int, str, int]]) -> None:
+        for c in part:
+            if failed.is_set():
+                return
+            try:
+                _copy_object(*c)
+            except BaseException:
+                failed.set()
+                raise
+
+    with concurrent.futures.ThreadPoolExecutor(copiers, thread_name_prefix="rebuno-restore") as pool:
+        done = [pool.submit(run, copies[i::copiers]) for i in range(copiers)]
+    for future in done:
+        future.result()
 
 
 def _copy_object(obj: str, digest: str, size: int, dest: str, mode: int) -> None:
