@@ -619,8 +619,7 @@ class LocalDirectory:
         if not os.path.isdir(self.root):
             _make_dirs(self.root, 0o700)
             os.chmod(self.root, 0o700)
-            if os.environ.get("LD_ROOT_TOPDIR") == "1":
-                _spread_subdirectories(self.root)
+            _spread_subdirectories(self.root)  # tmp/, where captures create files, then starts in a group of its own
         for d in (self.workspaces, self.objects, self.snapshots, self.tmp):
             if not os.path.isdir(d):
                 _make_dirs(d, 0o777)
