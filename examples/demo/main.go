@@ -147,6 +147,21 @@ func (k *kernel) get(path string, v any) error {
 	return json.Unmarshal(b, v)
 }
 
+// registerAgent registers the demo's agent under id with a fresh secret and
+// a free address to serve on. A 3-second lease keeps the demo short: the
+// kernel notices the crash and redelivers within seconds.
+func (k *kernel) registerAgent(id string) (addr, secret string, err error) {
+	if addr, err = freeAddr(); err != nil {
+		return "", "", err
+	}
+	secret = fmt.Sprintf("demo-secret-%d", time.Now().UnixNano())
+	register := fmt.Sprintf(`{"id":%q,"webhook_url":"http://%s/webhook","secret":%q,"lease_timeout_seconds":3}`, id, addr, secret)
+	if _, err := k.post("/v0/agents", register, 201); err != nil {
+		return "", "", fmt.Errorf("register agent: %w", err)
+	}
+	return addr, secret, nil
+}
+
 var urlLine = regexp.MustCompile(`url:\s+(http://\S+)`)
 
 func startAndFindURL(cmd *exec.Cmd) (string, error) {

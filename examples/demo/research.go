@@ -51,16 +51,9 @@ func runResearch(kernelBin string, example exampleAgent) error {
 	}
 	defer stop(k.cmd)
 
-	addr, err := freeAddr()
+	addr, secret, err := k.registerAgent("researcher")
 	if err != nil {
 		return err
-	}
-	secret := fmt.Sprintf("demo-secret-%d", time.Now().UnixNano())
-	// A 3-second lease keeps the demo short: the kernel notices the crash
-	// and redelivers within seconds.
-	register := fmt.Sprintf(`{"id":"researcher","webhook_url":"http://%s/webhook","secret":%q,"lease_timeout_seconds":3}`, addr, secret)
-	if _, err := k.post("/v0/agents", register, 201); err != nil {
-		return fmt.Errorf("register agent: %w", err)
 	}
 	logFile, err := os.Create(filepath.Join(dir, "agent.log"))
 	if err != nil {

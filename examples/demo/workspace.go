@@ -97,16 +97,9 @@ func runWorkspace(kernelBin, python, script string) error {
 	}
 	defer stop(k.cmd)
 
-	addr, err := freeAddr()
+	addr, secret, err := k.registerAgent("coder")
 	if err != nil {
 		return err
-	}
-	secret := fmt.Sprintf("demo-secret-%d", time.Now().UnixNano())
-	// A 3-second lease keeps the demo short: the kernel notices the crash
-	// and redelivers within seconds.
-	register := fmt.Sprintf(`{"id":"coder","webhook_url":"http://%s/webhook","secret":%q,"lease_timeout_seconds":3}`, addr, secret)
-	if _, err := k.post("/v0/agents", register, 201); err != nil {
-		return fmt.Errorf("register agent: %w", err)
 	}
 	say("Registered the agent \"coder\"; its policy lets every step run but holds a write of VERSION for %s:", approver)
 	if _, err := k.cli(0, "policy", "set", "coder", policyFile); err != nil {
@@ -258,7 +251,7 @@ func watchSource(ctx context.Context, k *kernel, agent *agentProcess, id string)
 					aside("📁 the workspace is a new directory, %s; the SDK checkpoints it at once (a baseline)", run.workspace)
 				}
 			case "resource.checkpointed":
-				c := checkpoint{seq: ev.Seq, ref: str(p["checkpoint_ref"]), generation: num(p["generation"]), coveredSeq: num(p["covered_seq"])}
+				c := checkpoint{seq: ev.Seq, ref: as[string](p["checkpoint_ref"]), generation: as[int64](p["generation"]), coveredSeq: as[int64](p["covered_seq"])}
 				run.checkpoints = append(run.checkpoints, c)
 				switch {
 				case len(run.checkpoints) == 2:
@@ -269,7 +262,7 @@ func watchSource(ctx context.Context, k *kernel, agent *agentProcess, id string)
 			case "resource.checkpoint_failed":
 				run.failures++
 			case "approval.requested":
-				run.approvalID = str(p["approval_id"])
+				run.approvalID = as[string](p["approval_id"])
 			case "execution.blocked":
 				if run.granted || run.approvalID == "" {
 					return
@@ -281,26 +274,26 @@ func watchSource(ctx context.Context, k *kernel, agent *agentProcess, id string)
 				}
 				fmt.Println()
 			case "step.executing":
-				if bool1(p["retry"]) {
+				if as[bool](p["retry"]) {
 					run.reran = true
 					aside("↻ the new attempt reopened the same directory (no second resource.bound), replayed the steps before, and runs\n" +
 						"      the interrupted write again, in a new generation: a late checkpoint from the killed run would be refused")
 					return
 				}
-				if str(p["target"]) == "read_file" && !run.readSeen {
+				if as[string](p["target"]) == "read_file" && !run.readSeen {
 					run.readSeen = true
 					aside("▸ read_file declares nothing, yet any running step could change a directory: coverage ends at every step start")
 				}
-				if run.killed || str(p["target"]) != "write_file" {
+				if run.killed || as[string](p["target"]) != "write_file" {
 					return
 				}
 				var st cli.Step
-				if err := k.get("/v0/executions/"+id+"/steps/"+str(p["step_id"]), &st); err != nil {
+				if err := k.get("/v0/executions/"+id+"/steps/"+as[string](p["step_id"]), &st); err != nil {
 					fail(err)
 					return
 				}
 				args := decode(st.Args)
-				if str(args["path"]) != "app.py" || str(args["content"]) != helloWorld {
+				if as[string](args["path"]) != "app.py" || as[string](args["content"]) != helloWorld {
 					return
 				}
 				run.killed = true
@@ -368,7 +361,7 @@ func watchFork(ctx context.Context, k *kernel, id, srcWorkspace string, srcFiles
 				run.workspace = bindingPath(p)
 				aside("📁 the fork's workspace is a new directory, %s, restored from the checkpoint (no baseline needed: the point is covered)", run.workspace)
 			case "approval.requested":
-				run.approvalID = str(p["approval_id"])
+				run.approvalID = as[string](p["approval_id"])
 			case "execution.blocked":
 				if run.denied || run.approvalID == "" {
 					return
@@ -490,7 +483,7 @@ func coveragePicture(k *kernel, id string, forkAt int64) error {
 	for _, ev := range events {
 		switch p := decode(ev.Payload); ev.Type {
 		case "resource.checkpointed":
-			if c := num(p["covered_seq"]); c >= 1 && c <= int64(n) {
+			if c := as[int64](p["covered_seq"]); c >= 1 && c <= int64(n) {
 				checkpoints[c-1] = '◆'
 			}
 		case "step.executing":
@@ -637,22 +630,12 @@ func decode(raw json.RawMessage) map[string]json.RawMessage {
 	return m
 }
 
-func str(raw json.RawMessage) string {
-	var s string
-	json.Unmarshal(raw, &s)
-	return s
-}
-
-func num(raw json.RawMessage) int64 {
-	var n int64
-	json.Unmarshal(raw, &n)
-	return n
-}
-
-func bool1(raw json.RawMessage) bool {
-	var b bool
-	json.Unmarshal(raw, &b)
-	return b
+// as decodes raw into a T, the zero T when it does not fit: the demo checks
+// what it finds instead.
+func as[T any](raw json.RawMessage) T {
+	var v T
+	json.Unmarshal(raw, &v)
+	return v
 }
 
 func bindingPath(p map[string]json.RawMessage) string {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rebuno/rebuno/internal/clock"
 	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store"
 	"github.com/rebuno/rebuno/internal/store/sqlite"
 	"github.com/rebuno/rebuno/internal/wire"
 )
@@ -17,26 +18,8 @@ import (
 // throwaway store with synchronous commits off: the CPU the verbs and the SQL
 // take per step.
 func BenchmarkStepRoundTrip(b *testing.B) {
-	st, err := sqlite.Open(sqlite.Options{Path: ":memory:"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
-	k := New(Options{Store: st, Clock: clock.Real{}, Config: DefaultConfig()})
 	ctx := context.Background()
-	if _, err := k.RegisterAgent(ctx, AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "a-secret-of-16-bytes"}); err != nil {
-		b.Fatal(err)
-	}
-	e, err := k.CreateExecution(ctx, CreateRequest{AgentID: "a"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	refs, _ := st.Read().DueDispatches(ctx, k.clock.Now(), 10)
-	del, err := k.ClaimDispatch(ctx, refs[0])
-	if err != nil || del == nil {
-		b.Fatal(err)
-	}
-	h := DispatchHeaders{ID: del.DispatchID, Attempt: del.Attempt}
+	k, _, e, h := benchExecution(b, ":memory:")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		raw := fmt.Appendf(nil, `{"q":%d}`, i)
@@ -56,26 +39,8 @@ func BenchmarkStepRoundTrip(b *testing.B) {
 // history with 4 KiB results (RESOURCES-AND-FORKS §5.6) in process, on a
 // file store: planning and the write transaction, without HTTP.
 func BenchmarkFork10000(b *testing.B) {
-	st, err := sqlite.Open(sqlite.Options{Path: b.TempDir() + "/fork.db"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
-	k := New(Options{Store: st, Clock: clock.Real{}, Config: DefaultConfig()})
 	ctx := context.Background()
-	if _, err := k.RegisterAgent(ctx, AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "a-secret-of-16-bytes"}); err != nil {
-		b.Fatal(err)
-	}
-	e, err := k.CreateExecution(ctx, CreateRequest{AgentID: "a"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	refs, _ := st.Read().DueDispatches(ctx, k.clock.Now(), 10)
-	del, err := k.ClaimDispatch(ctx, refs[0])
-	if err != nil || del == nil {
-		b.Fatal(err)
-	}
-	h := DispatchHeaders{ID: del.DispatchID, Attempt: del.Attempt}
+	k, st, e, h := benchExecution(b, b.TempDir()+"/fork.db")
 	result := []byte(`"` + strings.Repeat("x", 4096) + `"`)
 	for i := 0; i < 10000; i++ {
 		raw := fmt.Appendf(nil, `{"q":%d}`, i)
@@ -98,4 +63,29 @@ func BenchmarkFork10000(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchExecution opens a store at path with a kernel on it, and an execution
+// of agent "a" whose first dispatch is claimed.
+func benchExecution(b *testing.B, path string) (*Kernel, *sqlite.Store, *store.Execution, DispatchHeaders) {
+	st, err := sqlite.Open(sqlite.Options{Path: path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	k := New(Options{Store: st, Clock: clock.Real{}, Config: DefaultConfig()})
+	ctx := context.Background()
+	if _, err := k.RegisterAgent(ctx, AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "a-secret-of-16-bytes"}); err != nil {
+		b.Fatal(err)
+	}
+	e, err := k.CreateExecution(ctx, CreateRequest{AgentID: "a"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	refs, _ := st.Read().DueDispatches(ctx, k.clock.Now(), 10)
+	del, err := k.ClaimDispatch(ctx, refs[0])
+	if err != nil || del == nil {
+		b.Fatal(err)
+	}
+	return k, st, e, DispatchHeaders{ID: del.DispatchID, Attempt: del.Attempt}
 }
