@@ -4,17 +4,21 @@ the `files` API."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import stat
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rebuno import CheckpointUnavailable
-from rebuno.drivers import LocalDirectory, LocalDirectoryHandle
+from rebuno.drivers import LocalDirectory, LocalDirectoryHandle, local_directory
 from rebuno.drivers.local_directory import manifest_bytes
 
 GOLDEN_REF = "sha256:9d29690a3728b02bd5eb99e24d545ad7a0cafc6cfa3d4db6629f8ba3d67be2fe"
@@ -179,6 +183,119 @@ async def test_checkpoint_of_a_removed_workspace(driver: LocalDirectory) -> None
         await driver.checkpoint(h)
 
 
+async def test_a_capture_writes_manifest_bytes_of_its_entries(driver: LocalDirectory,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries serialised by earlier captures are spliced into the manifest:
+    the bytes must stay those of manifest_bytes, whatever the names."""
+    h, _ = await driver.create()
+    root = Path(h.path)
+    (root / "a").mkdir()
+    os.chmod(root / "a", 0o755)
+    # Names that sort between "a" and "a/..." bytewise, non-ASCII ones, and
+    # ones JSON escapes.
+    names = ("a/x", "a-b", "a.c", "b c", "é.txt", "日本/語.txt", "𝄞", 'quo"te\\back', "new\nline", "tab\tname")
+    for name in names:
+        write(root / name, name)
+    os.symlink("a/x", root / "l")
+    (root / "e").mkdir()
+    monkeypatch.setattr(local_directory, "_RACY_NS", 0)  # cache every file, so the next capture reuses entries
+    refs = [await driver.checkpoint(h)]
+    assert len(h._hashes) == 10
+    refs.append(await driver.checkpoint(h))
+    write(root / "a-b", "changed")
+    refs.append(await driver.checkpoint(h))
+    assert refs[0] == refs[1] != refs[2]
+    for ref in refs:
+        data = Path(driver.snapshot_path(ref)).read_bytes()
+        assert "sha256:" + sha(data) == ref
+        assert data == manifest_bytes(json.loads(data)["entries"])
+
+
+def _objects_of(driver: LocalDirectory, h: LocalDirectoryHandle) -> dict[str, str]:
+    return {rel: known.obj for rel, known in h._hashes.items()}
+
+
+async def test_a_capture_sees_an_object_deleted_from_the_store(driver: LocalDirectory,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cached files' objects are checked one stat per fan-out directory; a
+    removal from a directory changes its times, so the next capture checks
+    that directory's objects one by one and stores the missing one again."""
+    h, _ = await driver.create()
+    for i in range(40):
+        write(Path(h.path) / f"f{i:02d}", f"content {i}")
+    # Everything counts as settled, so the first capture caches every file.
+    monkeypatch.setattr(local_directory, "_RACY_NS", -10**9)
+    calls: list[str] = []
+    real_is_file = local_directory._is_file
+
+    def counting_is_file(path: str) -> bool:
+        calls.append(path)
+        return real_is_file(path)
+
+    monkeypatch.setattr(local_directory, "_is_file", counting_is_file)
+    ref = await driver.checkpoint(h)  # stores 40 objects
+    assert len(h._hashes) == 40 and h._fans == {}  # the directories it stored into are looked at afresh
+    # Put the directories' mtimes far back, so that a removal is bound to change them.
+    fans = {os.path.dirname(obj) for obj in _objects_of(driver, h).values()}
+    for fan in fans:
+        os.utime(fan, (1_000_000_000, 1_000_000_000))
+    calls.clear()
+    assert await driver.checkpoint(h) == ref
+    assert sorted(calls) == sorted(_objects_of(driver, h).values())  # changed directories: every object checked
+    assert set(h._fans) == {os.path.basename(f) for f in fans}
+    calls.clear()
+    assert await driver.checkpoint(h) == ref
+    assert calls == []  # unchanged directories: no object stat at all
+
+    victim = _objects_of(driver, h)["f07"]
+    os.unlink(victim)
+    calls.clear()
+    assert await driver.checkpoint(h) == ref  # the same tree
+    same_fan = sorted(obj for obj in _objects_of(driver, h).values() if os.path.dirname(obj) == os.path.dirname(victim))
+    assert sorted(set(calls)) == same_fan  # only the changed directory's objects were checked
+    assert Path(victim).read_bytes() == b"content 7"  # and the missing one stored again
+    restored, _ = await driver.create(ref)
+    assert (Path(restored.path) / "f07").read_text() == "content 7"
+
+
+async def test_a_file_changed_while_captured_fails_the_capture(driver: LocalDirectory,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    h, _ = await driver.create()
+    write(Path(h.path) / "a.txt", "before")
+    real_read = local_directory._read_upto
+
+    def read_then_append(fd: int, limit: int) -> bytes:
+        data = real_read(fd, limit)
+        with open(Path(h.path) / "a.txt", "ab") as f:  # another writer, just after the read
+            f.write(b" and after")
+        return data
+
+    monkeypatch.setattr(local_directory, "_read_upto", read_then_append)
+    with pytest.raises(ValueError, match="changed while it was captured"):
+        await driver.checkpoint(h)
+    assert os.listdir(driver.tmp) == [] and objects(driver) == [] and os.listdir(driver.snapshots) == []
+    monkeypatch.undo()
+    ref = await driver.checkpoint(h)
+    restored, _ = await driver.create(ref)
+    assert (Path(restored.path) / "a.txt").read_text() == "before and after"
+
+
+async def test_files_larger_than_a_chunk(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_directory, "_CHUNK", 64)  # stream files over 64 bytes, as above 1 MiB
+    h, _ = await driver.create()
+    big = bytes(range(256)) * 3
+    write(Path(h.path) / "big.bin", big)
+    write(Path(h.path) / "copy.bin", big)
+    write(Path(h.path) / "small.txt", "small")
+    ref = await driver.checkpoint(h)
+    assert len(objects(driver)) == 2 and Path(driver.object_path(sha(big))).read_bytes() == big
+    restored, _ = await driver.create(ref)
+    assert tree(restored.path) == tree(h.path)
+    Path(driver.object_path(sha(big))).chmod(0o644)
+    Path(driver.object_path(sha(big))).write_bytes(big[:-1] + b"\x00")
+    await assert_unavailable(driver, ref, "is damaged")
+
+
 # ------------------------------------------------------------------- create
 
 
@@ -313,6 +430,8 @@ async def test_missing_and_damaged_snapshots(driver: LocalDirectory) -> None:
     (manifest(file_entry("f", size=-1)), "invalid size"),
     (manifest({**file_entry("f"), "extra": 1}), "invalid entry"),
     (manifest({"path": "d", "type": "fifo"}), "invalid entry"),
+    (manifest({"path": "d", "type": ["dir"]}), "invalid entry"),
+    (manifest("not an entry"), "invalid entry"),
     (manifest({"path": "l", "target": "", "type": "symlink"}), "invalid symlink target"),
 ])
 async def test_invalid_manifests(driver: LocalDirectory, doc: Any, detail: str) -> None:
@@ -329,6 +448,209 @@ async def test_a_size_mismatch_is_damage(driver: LocalDirectory) -> None:
     Path(driver.object_path(sha(b"x"))).write_bytes(b"x")
     ref = plant(driver, manifest(file_entry("f", size=2)))
     await assert_unavailable(driver, ref, "is damaged")
+
+
+# --------------------------------------------------------------- durability
+
+
+def fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
+
+
+class Recorder:
+    """Records fsync, rename and syncfs calls in order, and runs the real ones."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, syncfs: Callable[[int], int] | None) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.snapshots: list[dict[str, Any]] = []  # tmp/'s tree at each syncfs
+        real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+        def fsync(fd: Any) -> None:
+            self.events.append(("fsync", fd_path(fd)))
+            real_fsync(fd)
+
+        def rename(src: Any, dst: Any, **kw: Any) -> None:
+            real_rename(src, dst, **kw)
+            self.events.append(("rename", str(dst)))
+
+        def replace(src: Any, dst: Any, **kw: Any) -> None:
+            real_replace(src, dst, **kw)
+            self.events.append(("rename", str(dst)))
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "rename", rename)
+        monkeypatch.setattr(os, "replace", replace)
+        if syncfs is None:
+            monkeypatch.setattr(local_directory, "_syncfs", lambda: None)
+        else:
+            def recording_syncfs(fd: int) -> int:
+                self.events.append(("syncfs", fd_path(fd)))
+                self.snapshots.append(tree(fd_path(fd)))
+                return syncfs(fd)
+
+            monkeypatch.setattr(local_directory, "_syncfs", lambda: recording_syncfs)
+
+    def index(self, kind: str, path: str) -> int:
+        return self.events.index((kind, path))
+
+
+def real_or_no_syncfs(fd: int) -> int:
+    fn = local_directory._load_syncfs()
+    return 0 if fn is None else fn(fd)
+
+
+async def big_checkpoint(driver: LocalDirectory, n: int = 80) -> tuple[LocalDirectoryHandle, str, dict[str, Any]]:
+    """A checkpoint of more files than _FSYNC_MAX and _PARALLEL_MIN."""
+    h, _ = await driver.create()
+    root = Path(h.path)
+    for i in range(n):
+        write(root / ("d1" if i % 2 else "d2") / f"f{i:03d}", f"file {i}\n" * (i + 1), 0o640 if i % 3 else 0o755)
+    os.chmod(root / "d1", 0o750)
+    os.symlink("d1/f001", root / "link")
+    ref = await driver.checkpoint(h)
+    return h, ref, tree(h.path)
+
+
+@linux_only
+async def test_a_restore_is_durable_before_it_is_renamed_into_place(driver: LocalDirectory,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large trees: one syncfs once every file is written, then an fsync
+    (which flushes the disk's cache after the metadata syncfs wrote), then
+    the rename, then an fsync of workspaces/ for the rename."""
+    _h, ref, expected = await big_checkpoint(driver)
+    rec = Recorder(monkeypatch, real_or_no_syncfs)
+    restored, _ = await driver.create(ref)
+    assert tree(restored.path) == expected
+    assert [e for e in rec.events if e[0] == "syncfs"] == [("syncfs", driver.tmp)]
+    [staging] = [k for k in rec.snapshots[0] if "/" not in k]  # tmp/ held the staged tree alone
+    assert {k[len(staging) + 1:]: v for k, v in rec.snapshots[0].items() if k != staging} == expected  # complete
+    sync_at = rec.index("syncfs", driver.tmp)
+    assert rec.events[sync_at + 1:] == [("fsync", driver.tmp), ("rename", restored.path),
+                                        ("fsync", driver.workspaces)]
+
+
+@linux_only
+async def test_without_syncfs_a_restore_fsyncs_every_file_and_directory(driver: LocalDirectory,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _h, ref, expected = await big_checkpoint(driver)
+    rec = Recorder(monkeypatch, None)
+    restored, _ = await driver.create(ref)
+    assert tree(restored.path) == expected
+    renamed = rec.index("rename", restored.path)
+    assert rec.events[renamed + 1:] == [("fsync", driver.workspaces)]
+    before = {path for kind, path in rec.events[:renamed] if kind == "fsync"}
+    [name] = {p[len(driver.tmp) + 1:].split("/")[0] for p in before if p.startswith(driver.tmp + "/")}
+    staging = os.path.join(driver.tmp, name)
+    assert {staging} | {os.path.join(staging, rel) for rel, v in expected.items() if v[0] != "symlink"} <= before
+
+
+@linux_only
+async def test_a_capture_stores_durably_before_it_refers(driver: LocalDirectory,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temp files are durable before they are renamed into the store, and
+    the renames before the ref is returned: by fsync for a few files, by
+    syncfs for many."""
+    h, ref, _expected = await big_checkpoint(driver, n=4)
+    write(Path(h.path) / "d1" / "f001", "changed")
+    fan = os.path.dirname(driver.object_path(sha(b"changed")))
+    new_fan = not os.path.isdir(fan)  # then its entry in objects/ is made durable too
+    rec = Recorder(monkeypatch, real_or_no_syncfs)
+    ref = await driver.checkpoint(h)
+    renames = [i for i, (kind, _p) in enumerate(rec.events) if kind == "rename"]
+    assert [rec.events[i][1] for i in renames] == [driver.object_path(sha(b"changed")), driver.snapshot_path(ref)]
+    temp_fsyncs = [i for i, (kind, p) in enumerate(rec.events) if kind == "fsync" and os.path.dirname(p) == driver.tmp]
+    assert len(temp_fsyncs) == 2 and max(temp_fsyncs) < min(renames)
+    assert rec.events[max(renames) + 1:] == [("fsync", d) for d in sorted([fan, driver.snapshots] +
+                                                                          ([driver.objects] if new_fan else []))]
+    assert not [e for e in rec.events if e[0] == "syncfs"]
+
+    rec.events.clear()
+    for i in range(20):
+        write(Path(h.path) / "new" / f"n{i}", f"new {i}")
+    ref = await driver.checkpoint(h)
+    renames = [i for i, (kind, _p) in enumerate(rec.events) if kind == "rename"]
+    assert len(renames) == 21 and rec.events[renames[-1]] == ("rename", driver.snapshot_path(ref))
+    assert rec.events[:2] == [("syncfs", driver.tmp), ("fsync", driver.tmp)] and min(renames) == 2
+    assert rec.events[max(renames) + 1:] == [("syncfs", driver.tmp), ("fsync", driver.tmp)]
+    assert os.listdir(driver.tmp) == []
+
+
+def failing_syncfs(err: int) -> Callable[[int], int]:
+    def syncfs(fd: int) -> int:
+        ctypes.set_errno(err)
+        return -1
+    return syncfs
+
+
+async def test_a_syncfs_error_fails_the_call(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+    h, ref, _expected = await big_checkpoint(driver)
+    for i in range(20):
+        write(Path(h.path) / "new" / f"n{i}", f"new {i}")
+    before = objects(driver)
+    monkeypatch.setattr(local_directory, "_syncfs", lambda: failing_syncfs(errno.EIO))
+    with pytest.raises(OSError, match="syncfs"):
+        await driver.create(ref)
+    with pytest.raises(OSError, match="syncfs"):
+        await driver.checkpoint(h)
+    assert os.listdir(driver.workspaces) == [os.path.basename(h.path)] and os.listdir(driver.tmp) == []
+    assert objects(driver) == before
+    monkeypatch.undo()
+    ref2 = await driver.checkpoint(h)
+    assert ref2 != ref and len(objects(driver)) == len(before) + 20
+
+
+async def test_a_refused_syncfs_falls_back_to_fsync(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+    _h, ref, expected = await big_checkpoint(driver)
+    monkeypatch.setattr(local_directory, "_syncfs_refused", False)
+    monkeypatch.setattr(local_directory, "_load_syncfs", lambda: failing_syncfs(errno.ENOSYS))
+    restored, _ = await driver.create(ref)
+    assert tree(restored.path) == expected
+    assert local_directory._syncfs_refused and local_directory._syncfs() is None
+
+
+async def test_a_damaged_object_among_many_fails_the_restore(driver: LocalDirectory) -> None:
+    _h, ref, _expected = await big_checkpoint(driver)
+    victim = Path(driver.object_path(sha(b"file 40\n" * 41)))
+    victim.chmod(0o644)
+    victim.write_bytes(victim.read_bytes().replace(b"file", b"FILE"))
+    await assert_unavailable(driver, ref, "is damaged")
+
+
+@linux_only
+async def test_staged_workspaces_are_spread_over_the_disk(driver: LocalDirectory) -> None:
+    """tmp/ asks ext2/3/4 to place each staged workspace on its own (chattr +T)."""
+    import array
+    import fcntl
+    import platform
+
+    numbers = local_directory._FS_IOC_FLAGS.get(platform.machine())
+    if numbers is None:
+        pytest.skip("no FS_IOC_GETFLAGS number for this machine")
+    await driver.create()
+    fd = os.open(driver.tmp, os.O_RDONLY)
+    try:
+        flags = array.array("i", [0])
+        try:
+            fcntl.ioctl(fd, numbers[0], flags, True)
+        except OSError:
+            pytest.skip("the filesystem has no inode flags")
+    finally:
+        os.close(fd)
+    probe = Path(driver.root) / "probe"
+    probe.mkdir()
+    local_directory._spread_subdirectories(str(probe))
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        probe_flags = array.array("i", [0])
+        fcntl.ioctl(fd, numbers[0], probe_flags, True)
+    finally:
+        os.close(fd)
+    if not probe_flags[0] & local_directory._FS_TOPDIR_FL:
+        pytest.skip("the filesystem does not keep FS_TOPDIR_FL")
+    assert flags[0] & local_directory._FS_TOPDIR_FL
 
 
 # --------------------------------------------------------------------- open

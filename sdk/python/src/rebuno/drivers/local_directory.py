@@ -20,6 +20,14 @@ tree yields the same ref, and identical files are stored once. Restores copy
 workspace can never change a checkpoint. A malformed ref, a missing or
 damaged manifest or object, or a manifest entry that would escape the
 workspace raises `CheckpointUnavailable`.
+
+Everything a call writes is made durable together (see `_Syncer`) before
+anything refers to it: a capture's new objects and manifest before they are
+renamed into the store, the renames before the ref is returned; a new
+workspace before it is renamed into `workspaces/`, the rename before
+`create` returns. A capture re-reads only files whose size, times, inode or
+mode changed since the handle's last capture (see `_RACY_NS`), and reuses
+their manifest entries as serialised then.
 """
 
 from __future__ import annotations
@@ -188,13 +196,13 @@ def _load_syncfs() -> Callable[[int], int] | None:
 class _Syncer:
     """Makes a batch of new files and directories durable.
 
-    fsync of each costs one flush of the disk's write cache apiece: about a
-    millisecond on this project's test machine, 0.3 s for a 1,000-file
-    restore, and batching the fsyncs after all writes (or issuing them from
-    threads) still costs 0.1 to 0.3 s. So beyond _FSYNC_MAX paths, one
-    syncfs of the filesystem the batch lives on (about 10 ms for 1,000 files)
-    writes back everything dirty on it and flushes once; the price is that it
-    also writes other processes' dirty data on that filesystem.
+    An fsync costs a flush of the disk's write cache: 0.3 s for the 1,000
+    files of a restore on this project's test machine, still 0.3 s when the
+    fsyncs follow all the writes, and 0.1 s from 16 threads. So beyond
+    _FSYNC_MAX paths, one syncfs of the filesystem the batch lives on writes
+    back everything dirty there and flushes once: 10 to 15 ms for those
+    1,000 files. The price is that it also writes back other processes'
+    dirty data on that filesystem, which is why small batches are fsynced.
 
     The descriptor syncfs is given is opened before the batch writes
     anything, because syncfs reports the writeback errors seen since its
@@ -240,10 +248,10 @@ def _spread_subdirectories(path: str) -> None:
     it, in a lightly used block group instead of next to its parent. It
     matters most on ext4 without a journal (this project's test machine): to
     help recovery after a crash, its inode allocator passes over every inode
-    of a group freed in the last minute or more (five when the inode table
-    is not yet written back), one by one, for each new file, so in a group
-    where files were recently deleted, by anyone, a 1,000-file restore spent
-    0.2 to 1.3 s creating files; in a group of its own, 30 to 45 ms. A
+    of the group freed in the last minute (six while the inode's table block
+    is not yet written back), one by one, for each new file. In a group
+    where files were recently deleted, by anyone, creating a 1,000-file
+    restore took 0.2 to 1.3 s; in a group of its own, 30 to 45 ms. A
     filesystem without the flag refuses it, and nothing else changes.
     """
     numbers = _FS_IOC_FLAGS.get(platform.machine()) if sys.platform.startswith("linux") else None
@@ -474,9 +482,8 @@ class _Batch:
     Until it is committed, nothing in the store refers to a file that a
     crash could lose, and `close` removes whatever was not published."""
 
-    def __init__(self, tmp: str, objects: str) -> None:
+    def __init__(self, tmp: str) -> None:
         self._tmp = tmp
-        self._objects = objects
         self._staged: list[tuple[str, str]] = []  # (temp file, final path)
         self._finals: set[str] = set()
         self._syncer: _Syncer | None = None
@@ -534,10 +541,14 @@ class _Batch:
             try:
                 os.replace(tmp, final)
             except FileNotFoundError:
-                if not os.path.lexists(tmp) or os.path.isdir(parent):
+                if not os.path.lexists(tmp):
                     raise
-                os.mkdir(parent)  # an object's first fan-out directory: its entry in objects/ must last too
-                dirs.add(self._objects)
+                try:
+                    os.mkdir(parent)  # an object's first fan-out directory
+                except FileExistsError:
+                    pass
+                else:
+                    dirs.add(os.path.dirname(parent))  # whose entry must last too
                 os.replace(tmp, final)
             dirs.add(parent)
             self.renamed_into.add(parent)
@@ -567,6 +578,7 @@ class LocalDirectory:
     """
 
     driver_id = DRIVER_ID
+    _spread = False  # whether _layout has marked tmp/ (a hint: once per instance is enough)
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
                  template: str | os.PathLike[str] | None = None, coverage_reuse: bool = False) -> None:
@@ -577,7 +589,6 @@ class LocalDirectory:
         self.root = os.path.abspath(os.fspath(root))
         self.template = None if template is None else os.path.abspath(os.fspath(template))
         self.coverage_reuse = coverage_reuse
-        self._spread = False  # whether _layout has marked tmp/ (a hint; once per instance is enough)
 
     @property
     def configuration(self) -> dict[str, Any]:
@@ -759,7 +770,7 @@ class LocalDirectory:
         started = time.time_ns()
         settled = started - _RACY_NS
         checks = _ObjectChecks(self.objects, handle._fans, settled)
-        batch = _Batch(self.tmp, self.objects)
+        batch = _Batch(self.tmp)
         try:
             parts: list[tuple[bytes, bytes]] = []
             known: dict[str, _Known] = {}
