@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -45,6 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from rebuno import Agent, CheckpointPolicy, resource, tool  # noqa: E402
 from rebuno.drivers import LocalDirectory, LocalDirectoryHandle, LocalFiles  # noqa: E402
+from common import pct, use_kernel  # noqa: E402
 from tests.e2e.harness import KernelProcess, Served, register  # noqa: E402
 
 SECRET = "bench-secret-0123456789"
@@ -67,11 +67,6 @@ class TimedDirectory(LocalDirectory):
         self.captures.append(time.perf_counter() - t0)
         self.refs.append(ref)
         return ref
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def file_name(i: int) -> str:
@@ -205,12 +200,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.n < 1 or args.warmup < 0 or args.files < 1 or args.file_size < 64 or args.restores < 0:
         ap.error("-n and --files must be >= 1, --warmup and --restores >= 0, --file-size >= 64")
-    if args.kernel:
-        os.environ["REBUNO_BIN"] = args.kernel
-    elif not os.environ.get("REBUNO_BIN"):
-        default = HERE.parents[2] / "bin" / "rebuno"
-        if default.exists():
-            os.environ["REBUNO_BIN"] = str(default)
+    use_kernel(args.kernel)
     with tempfile.TemporaryDirectory(prefix="rebuno-capture-bench-", dir=args.tmpdir) as tmp:
         r = asyncio.run(run(args.n, args.warmup, args.files, args.file_size, args.restores, Path(tmp)))
     if args.json:

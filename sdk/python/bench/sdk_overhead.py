@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from rebuno import Agent, execution, tool  # noqa: E402
 from rebuno.identity import canonical_json  # noqa: E402
+from common import pct, use_kernel  # noqa: E402
 from tests.e2e.harness import KernelProcess, Served, register  # noqa: E402
 
 SECRET = "bench-secret-0123456789"
@@ -35,11 +35,6 @@ SECRET = "bench-secret-0123456789"
 @tool("noop")
 async def noop(i: int) -> int:
     return i
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 async def run(n: int, workdir: Path) -> dict[str, Any]:
@@ -91,12 +86,7 @@ def main() -> None:
     ap.add_argument("--kernel", default=None, help="kernel binary (default $REBUNO_BIN or bin/rebuno)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
-    if args.kernel:
-        os.environ["REBUNO_BIN"] = args.kernel
-    elif not os.environ.get("REBUNO_BIN"):
-        default = HERE.parents[2] / "bin" / "rebuno"
-        if default.exists():
-            os.environ["REBUNO_BIN"] = str(default)
+    use_kernel(args.kernel)
     with tempfile.TemporaryDirectory(prefix="rebuno-sdk-bench-") as tmp:
         result = asyncio.run(run(args.n, Path(tmp)))
     if args.json:
