@@ -294,11 +294,10 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	o.emit(wire.EventExecutionForked, (&jsonx.Object{}).String("source_execution_id", src.ID).Int("fork_seq", p.at).
 		Raw("restoration", e.Restoration))
 
-	ids := p.ids
 	// The kept events become the fork's, renumbered (their payloads carry
 	// the copies' step ids already); copies keep their source's occurred_at
-	// and are not counted against the fork's limits.
-	// The plan is left as it is: the transaction may run this again.
+	// and are not counted against the fork's limits. The plan itself is not
+	// changed: the transaction may run this again.
 	sourceSeqs := make([]int64, len(p.kept))
 	copies := make([]store.Event, len(p.kept))
 	firstSeq := e.LastSeq + 1
@@ -317,7 +316,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	for _, s := range p.steps {
 		c := *s
 		c.ExecutionID = e.ID
-		c.StepID = ids[s.StepID]
+		c.StepID = p.ids[s.StepID]
 		if s.BodyStepID == "" {
 			c.BodyExecutionID, c.BodyStepID = s.ExecutionID, s.StepID
 		}
