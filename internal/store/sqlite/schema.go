@@ -1,7 +1,10 @@
 package sqlite
 
 // migrations are applied in order; the index of each entry plus one is the
-// schema version it produces. Append only: a shipped migration never changes.
+// schema version it produces. Append only once released: a shipped migration
+// never changes. Until the first release (CHANGELOG's "Unreleased") the
+// entries below are still shaped in place, so a database written by an
+// earlier development build must be recreated.
 var migrations = []string{
 	`
 CREATE TABLE agents (
