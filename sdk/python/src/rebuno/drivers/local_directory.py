@@ -12,7 +12,7 @@ Layout under `root`:
 | `workspaces/<uuid>/`              | live directories, one per `create`     |
 | `store/objects/<2 hex>/<62 hex>`  | file contents by SHA-256, read-only    |
 | `store/snapshots/<64 hex>.json`   | manifests                              |
-| `tmp/`                            | staging: every write is temp, fsync, rename |
+| `tmp/`                            | staging: written, synced, renamed      |
 
 A checkpoint ref is `sha256:<hex of the manifest bytes>`, so an unchanged
 tree yields the same ref, and identical files are stored once. Restores copy
