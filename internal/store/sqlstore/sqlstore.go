@@ -157,14 +157,16 @@ const executionValues = `, v.input, v.output, v.state FROM executions e JOIN exe
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanExecutionHead(s scanner, values ...any) (*store.Execution, error) {
+// scanExecutionRow scans executionCols, then input, output and state when
+// withValues (the query joined executionValues).
+func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
 	var e store.Execution
 	var created, updated, deadline int64
 	var keys string
 	dest := []any{&e.ID, &e.AgentID, &e.AgentVersion, &e.Status, &e.FailureReason,
 		&created, &updated, &deadline, &e.ParentID, &e.IdempotencyKey, &e.OnBehalfOf,
 		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount}
-	if len(values) > 0 {
+	if withValues {
 		dest = append(dest, &e.Input, &e.Output, &e.State)
 	}
 	if err := s.Scan(dest...); err != nil {
@@ -178,9 +180,9 @@ func scanExecutionHead(s scanner, values ...any) (*store.Execution, error) {
 	return &e, nil
 }
 
-func scanExecution(s scanner) (*store.Execution, error) { return scanExecutionHead(s, true) }
+func scanExecution(s scanner) (*store.Execution, error) { return scanExecutionRow(s, true) }
 
-func scanHead(s scanner) (*store.Execution, error) { return scanExecutionHead(s) }
+func scanHead(s scanner) (*store.Execution, error) { return scanExecutionRow(s, false) }
 
 // Execution implements store.Reader.
 func (q *Queries) Execution(ctx context.Context, id string) (*store.Execution, error) {
