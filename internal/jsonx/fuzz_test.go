@@ -51,7 +51,27 @@ func FuzzParse(f *testing.F) {
 		}
 
 		checkSubvalues(t, v, 0)
+		checkMembers(t, v, data)
 	})
+}
+
+// checkMembers holds Field to Get on every top-level member whose key is
+// written without escapes (Field compares keys as written).
+func checkMembers(t *testing.T, v *Value, data []byte) {
+	if v.Kind != KindObject {
+		if Field(data, "") != nil {
+			t.Fatalf("Field found a member in the %s %q", v.Kind, data)
+		}
+		return
+	}
+	for _, m := range v.Members {
+		if bytes.Contains([]byte(m.Key), []byte{'\\'}) || !bytes.Contains(data, append(append([]byte{'"'}, m.Key...), '"')) {
+			continue
+		}
+		if got := Field(data, m.Key); !bytes.Equal(got, m.Value.Raw) {
+			t.Fatalf("Field(%q, %q) = %q, want %q", data, m.Key, got, m.Value.Raw)
+		}
+	}
 }
 
 // checkSubvalues re-parses the Raw of every nested value: each must be the

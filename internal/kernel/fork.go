@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -168,13 +169,12 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 				break
 			}
 			after = ev.Seq
-			v, keep, err := p.observe(ev, copied, copiedKey)
+			keep, err := p.observe(ev, copied, copiedKey)
 			if err != nil {
 				return nil, err
 			}
 			if keep {
-				// Rewritten now, so that only bytes are held until the write.
-				ev.Payload = rewriteStepID(ev.Payload, v, p.ids)
+				ev.Payload = rewriteStepID(ev.Payload, p.ids)
 				p.kept = append(p.kept, ev)
 			}
 		}
@@ -206,51 +206,53 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 }
 
 // observe records what one source event at or before the fork point tells
-// the plan, and reports whether the fork's log keeps it, with its parsed
-// payload.
-func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]bool) (*jsonx.Value, bool, error) {
+// the plan, and reports whether the fork's log keeps it. The payloads were
+// written by the kernel, so the few members needed are read in place rather
+// than parsed: a fork reads tens of thousands of them.
+func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]bool) (bool, error) {
 	isStep := strings.HasPrefix(ev.Type, "step.")
 	if !isStep && ev.Type != EventResourceRegistered && ev.Type != EventResourceInitialized {
-		return nil, false, nil
+		return false, nil
 	}
-	v, err := jsonx.Parse(ev.Payload, wire.MaxNesting)
-	if err != nil {
-		return nil, false, fmt.Errorf("event %d: %w", ev.Seq, err)
-	}
-	switch {
-	case ev.Type == wire.EventStepExecuting:
-		if g := v.Get("generations"); g != nil && g.Kind == jsonx.KindObject {
+	switch ev.Type {
+	case wire.EventStepExecuting:
+		if raw := jsonx.Field(ev.Payload, "generations"); raw != nil {
+			g, err := jsonx.Parse(raw, wire.MaxNesting)
+			if err != nil {
+				return false, fmt.Errorf("event %d: generations: %w", ev.Seq, err)
+			}
 			for _, m := range g.Members {
-				if n, ok := intValue(m.Value); ok {
+				if n, ok := intValue(m.Value.Raw); ok {
 					p.generations[m.Key] = n
 				}
 			}
 		}
-	case ev.Type == EventResourceInitialized:
-		if key, n := stringField(v, "key"), v.Get("generation"); key != "" && n != nil {
-			if g, ok := intValue(n); ok {
-				p.generations[key] = g
+	case EventResourceInitialized:
+		if key := textField(ev.Payload, "key"); key != nil {
+			if n, ok := intValue(jsonx.Field(ev.Payload, "generation")); ok {
+				p.generations[string(key)] = n
 			}
 		}
 	}
 	if isStep {
-		return v, ev.Type != wire.EventStepRateLimited && copiedStep[stringField(v, "step_id")], nil
+		return ev.Type != wire.EventStepRateLimited && copiedStep[string(textField(ev.Payload, "step_id"))], nil
 	}
-	return v, copiedKey[stringField(v, "key")], nil
+	return copiedKey[string(textField(ev.Payload, "key"))], nil
 }
 
-func stringField(v *jsonx.Value, key string) string {
-	if f := v.Get(key); f != nil && f.Kind == jsonx.KindString {
-		return f.Str
+// textField is the text of a top-level string member of a kernel-written
+// payload, or nil when it is absent, not a string or written with escapes
+// (no key or id the kernel writes needs one).
+func textField(payload []byte, key string) []byte {
+	raw := jsonx.Field(payload, key)
+	if len(raw) < 2 || raw[0] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
+		return nil
 	}
-	return ""
+	return raw[1 : len(raw)-1]
 }
 
-func intValue(v *jsonx.Value) (int64, bool) {
-	if v == nil || v.Kind != jsonx.KindNumber {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(string(v.Raw), 10, 64)
+func intValue(raw []byte) (int64, bool) {
+	n, err := strconv.ParseInt(string(raw), 10, 64)
 	return n, err == nil
 }
 
@@ -405,21 +407,25 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 }
 
 // rewriteStepID replaces a payload's step_id by the copy's id; every other
-// member is kept byte for byte. v is the parsed payload.
-func rewriteStepID(payload []byte, v *jsonx.Value, ids map[string]string) []byte {
-	id := stringField(v, "step_id")
-	if id == "" || ids[id] == "" {
+// byte is kept. Step ids are all of one length, so the id is overwritten in
+// place: the payload was read for this fork alone.
+func rewriteStepID(payload []byte, ids map[string]string) []byte {
+	start, end := jsonx.FieldSpan(payload, "step_id")
+	if start < 0 || end-start < 2 || payload[start] != '"' {
 		return payload
 	}
-	o := &jsonx.Object{}
-	for _, m := range v.Members {
-		if m.Key == "step_id" {
-			o.String("step_id", ids[id])
-			continue
-		}
-		o.Raw(m.Key, m.Value.Raw)
+	to, ok := ids[string(payload[start+1:end-1])]
+	if !ok {
+		return payload
 	}
-	return o.Bytes()
+	if len(to) == end-start-2 {
+		copy(payload[start+1:], to)
+		return payload
+	}
+	out := make([]byte, 0, len(payload)-(end-start)+len(to)+2)
+	out = append(out, payload[:start]...)
+	out = jsonx.AppendString(out, to)
+	return append(out, payload[end:]...)
 }
 
 // ListForks pages the direct forks of an execution, newest first (§5.3).
