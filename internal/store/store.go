@@ -54,9 +54,10 @@ type Reader interface {
 	// only the given statuses (all when empty).
 	Steps(ctx context.Context, executionID string, statuses []string, afterOrder int64, limit int) ([]*Step, error)
 	// FinishedStepHeads pages the steps that succeeded, failed or were
-	// denied by seq upTo, in recording order after afterOrder, without their
-	// args, result and error: what a fork copies (its copies share the
-	// bodies, so reading them would only cost time and memory).
+	// denied by seq upTo, in recording order after afterOrder, with what a
+	// fork's copy keeps: no args, result or error (copies share the bodies,
+	// so reading them would only cost time and memory), and no dispatch,
+	// attempt or start details (a copy was never started in the fork).
 	FinishedStepHeads(ctx context.Context, executionID string, upTo, afterOrder int64, limit int) ([]*Step, error)
 	// OpenSteps returns the steps in status allowed or executing, in
 	// recording order.

@@ -321,12 +321,26 @@ func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 		}
 		events = events[1000:]
 	}
+	// The events of one execution (every caller's case) bind its id once, as
+	// ?1; a bare ? takes the number after the largest used so far.
+	one := true
+	for _, ev := range events {
+		one = one && ev.ExecutionID == events[0].ExecutionID
+	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO events (execution_id, event_seq, type, payload, occurred_at) VALUES `)
-	args := make([]any, 0, 5*len(events))
+	args := make([]any, 0, 1+5*len(events))
+	if one {
+		args = append(args, events[0].ExecutionID)
+	}
 	for i, ev := range events {
 		if i > 0 {
 			b.WriteByte(',')
+		}
+		if one {
+			b.WriteString("(?1,?,?,?,?)")
+			args = append(args, ev.Seq, ev.Type, ev.Payload, ts(ev.OccurredAt))
+			continue
 		}
 		b.WriteString("(?,?,?,?,?)")
 		args = append(args, ev.ExecutionID, ev.Seq, ev.Type, ev.Payload, ts(ev.OccurredAt))
@@ -399,14 +413,26 @@ func (q *Queries) Steps(ctx context.Context, executionID string, statuses []stri
 	return list(ctx, q, scanStep, query, args...)
 }
 
-// stepHeadCols are stepCols without the bodies.
-const stepHeadCols = `s.execution_id, s.step_id, s.step_order, s.kind, s.target, s.args_hash, s.occurrence, s.status, s.idempotency,
- NULL, NULL, NULL, s.error_reason, s.resources, s.started_at, s.completed_at, s.dispatch_id, s.attempt, s.terminal_seq,
- s.start_info, s.body_execution_id, s.body_step_id`
-
+// FinishedStepHeads reads only what a copy keeps: every column read costs a
+// call into the driver, and a fork reads thousands of rows.
 func (q *Queries) FinishedStepHeads(ctx context.Context, executionID string, upTo, afterOrder int64, limit int) ([]*store.Step, error) {
-	return list(ctx, q, scanStep, `SELECT `+stepHeadCols+` FROM steps s WHERE s.execution_id = ? AND s.step_order > ?
- AND s.status IN ('succeeded','failed','denied') AND s.terminal_seq BETWEEN 1 AND ? ORDER BY s.step_order LIMIT ?`,
+	return list(ctx, q, func(s scanner) (*store.Step, error) {
+		st := &store.Step{ExecutionID: executionID}
+		var started, completed int64
+		var res string
+		err := s.Scan(&st.StepID, &st.Order, &st.Kind, &st.Target, &st.ArgsHash, &st.Occurrence, &st.Status, &st.Idempotency,
+			&st.ErrorReason, &res, &started, &completed, &st.TerminalSeq, &st.BodyExecutionID, &st.BodyStepID)
+		if err != nil {
+			return nil, err
+		}
+		st.StartedAt, st.CompletedAt = fromTS(started), fromTS(completed)
+		if st.Resources, err = decodeList(res); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}, `SELECT step_id, step_order, kind, target, args_hash, occurrence, status, idempotency, error_reason, resources,
+ started_at, completed_at, terminal_seq, body_execution_id, body_step_id FROM steps WHERE execution_id = ? AND step_order > ?
+ AND status IN ('succeeded','failed','denied') AND terminal_seq BETWEEN 1 AND ? ORDER BY step_order LIMIT ?`,
 		executionID, afterOrder, upTo, limit)
 }
 
@@ -450,29 +476,73 @@ const stepsPerInsert = 1000
 func (t *Tx) InsertSteps(ctx context.Context, steps []*store.Step) error {
 	for len(steps) > 0 {
 		n := min(len(steps), stepsPerInsert)
-		var b strings.Builder
-		b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
-		args := make([]any, 0, 22*n)
-		for i, s := range steps[:n] {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
-			// A copy stores no bodies of its own.
-			body, result, errBody := s.Args, s.Result, s.Error
-			if s.BodyStepID != "" {
-				body, result, errBody = nil, nil, nil
-			}
-			args = append(args, s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status,
-				s.Idempotency, body, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt),
-				ts(s.CompletedAt), s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
+		var err error
+		if areCopies(steps[:n]) {
+			err = t.insertCopies(ctx, steps[:n])
+		} else {
+			err = t.insertSteps(ctx, steps[:n])
 		}
-		if err := t.exec(ctx, b.String(), args...); err != nil {
+		if err != nil {
 			return err
 		}
 		steps = steps[n:]
 	}
 	return nil
+}
+
+func (t *Tx) insertSteps(ctx context.Context, steps []*store.Step) error {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
+	args := make([]any, 0, 22*len(steps))
+	for i, s := range steps {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+		// A copy stores no bodies of its own.
+		body, result, errBody := s.Args, s.Result, s.Error
+		if s.BodyStepID != "" {
+			body, result, errBody = nil, nil, nil
+		}
+		args = append(args, s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status,
+			s.Idempotency, body, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt),
+			ts(s.CompletedAt), s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
+	}
+	return t.exec(ctx, b.String(), args...)
+}
+
+// areCopies reports whether steps are a fork's copies, all of one execution:
+// sharing their bodies, never started in it.
+func areCopies(steps []*store.Step) bool {
+	for _, s := range steps {
+		if s.BodyStepID == "" || s.ExecutionID != steps[0].ExecutionID || s.DispatchID != "" || s.Attempt != 0 || s.StartInfo != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// insertCopies writes what copies leave empty as literals and their one
+// execution id once (?1): two thirds of the values a row would otherwise
+// bind, on the statement that makes most of a fork's cost.
+func (t *Tx) insertCopies(ctx context.Context, steps []*store.Step) error {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
+	args := make([]any, 0, 1+15*len(steps))
+	args = append(args, steps[0].ExecutionID)
+	for i, s := range steps {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		// A bare ? after ?1 takes the number after the largest one used so
+		// far, so every row's own values follow in order (a dialect's Rebind
+		// must number them the same way).
+		b.WriteString("(?1,?,?,?,?,?,?,?,?,NULL,NULL,NULL,?,?,?,?,'',0,?,NULL,?,?)")
+		args = append(args, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
+			s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt), s.TerminalSeq,
+			s.BodyExecutionID, s.BodyStepID)
+	}
+	return t.exec(ctx, b.String(), args...)
 }
 
 func (t *Tx) UpdateStep(ctx context.Context, s *store.Step) error {

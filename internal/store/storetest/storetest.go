@@ -83,6 +83,7 @@ var scenarios = []scenario{
 	{"Checkpoints", testCheckpoints},
 	{"ExecutingSteps", testExecutingSteps},
 	{"SharedBodies", testSharedBodies},
+	{"StepCopiesInBulk", testStepCopiesInBulk},
 	{"ListForks", testListForks},
 	{"DeleteExecutionKeepsSharedBodies", testDeleteExecutionKeepsSharedBodies},
 }
@@ -2593,6 +2594,64 @@ func testSharedBodies(t *testing.T, s store.Store) {
 	if len(refs) != 1 || refs[0] != [2]string{"exec-src", "src-s1"} {
 		t.Errorf("CopyRefs of two copies of one step: %v", refs)
 	}
+}
+
+// testStepCopiesInBulk writes a fork's copies with one InsertSteps call
+// larger than one statement holds, and reads the heads a fork copies.
+func testStepCopiesInBulk(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const n = 2345
+	var src, copies []*store.Step
+	for i := 1; i <= n; i++ {
+		st := fullStep("exec-bulk", fmt.Sprintf("bulk-%04d", i))
+		st.Order, st.TerminalSeq, st.Occurrence = int64(i), int64(10*i), int64(i)
+		st.Status = []string{wire.StepSucceeded, wire.StepFailed, wire.StepDenied, wire.StepExecuting}[i%4]
+		if st.Status == wire.StepExecuting {
+			st.TerminalSeq = 0
+		}
+		src = append(src, st)
+		copies = append(copies, copyOf(st, "exec-bulk-fork", fmt.Sprintf("copy-%04d", i), int64(i)))
+	}
+	write(t, s, minimalExecution("exec-bulk", "agent-α", wire.ExecRunning), src,
+		minimalExecution("exec-bulk-fork", "agent-α", wire.ExecRunning))
+	update(t, s, "exec-bulk-fork", func(ctx context.Context, tx store.Tx) error { return tx.InsertSteps(ctx, copies) })
+	r := s.Read()
+	var want []*store.Step
+	for i, c := range copies {
+		want = append(want, asRead(c, src[i]))
+	}
+	sameList(t, "copies written in bulk", val(r.Steps(ctx, "exec-bulk-fork", nil, 0, big)).get(t, "Steps"), want)
+
+	// A mixed batch (a live step among copies) is written as given too.
+	live := fullStep("exec-bulk-fork", "live-1")
+	live.Order = n + 2
+	mixed := []*store.Step{copyOf(src[0], "exec-bulk-fork", "copy-again", n+1), live}
+	update(t, s, "exec-bulk-fork", func(ctx context.Context, tx store.Tx) error { return tx.InsertSteps(ctx, mixed) })
+	sameList(t, "a mixed batch", val(r.Steps(ctx, "exec-bulk-fork", nil, n, big)).get(t, "Steps"),
+		[]*store.Step{asRead(mixed[0], src[0]), live})
+
+	// Heads: finished by the seq, in order, paged, without bodies, dispatch
+	// or start details.
+	const upTo = 10 * 2000
+	var heads []*store.Step
+	for after := int64(0); ; {
+		page := val(r.FinishedStepHeads(ctx, "exec-bulk", upTo, after, 500)).get(t, "FinishedStepHeads")
+		heads = append(heads, page...)
+		if len(page) < 500 {
+			break
+		}
+		after = page[len(page)-1].Order
+	}
+	want = nil
+	for _, st := range src[:2000] {
+		if st.Status == wire.StepExecuting {
+			continue
+		}
+		h := *st
+		h.Args, h.Result, h.Error, h.DispatchID, h.Attempt, h.StartInfo = nil, nil, nil, "", 0, nil
+		want = append(want, &h)
+	}
+	sameList(t, "finished step heads", heads, want)
 }
 
 func testListForks(t *testing.T, s store.Store) {
