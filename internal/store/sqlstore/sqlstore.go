@@ -27,7 +27,9 @@ type Querier interface {
 
 // Dialect is the seam between SQL backends.
 type Dialect interface {
-	// Rebind rewrites '?' placeholders into the backend's syntax.
+	// Rebind rewrites placeholders into the backend's syntax. Queries use
+	// '?' and, to bind one value for many rows, '?1': as in SQLite, a bare
+	// '?' then takes the number after the largest one used so far.
 	Rebind(query string) string
 	// LockSuffix is appended to the execution read that takes the per-execution
 	// lock inside a write transaction ("" when the backend serialises writers).
@@ -535,8 +537,7 @@ func (t *Tx) insertCopies(ctx context.Context, steps []*store.Step) error {
 			b.WriteByte(',')
 		}
 		// A bare ? after ?1 takes the number after the largest one used so
-		// far, so every row's own values follow in order (a dialect's Rebind
-		// must number them the same way).
+		// far, so every row's own values follow in order (see Dialect.Rebind).
 		b.WriteString("(?1,?,?,?,?,?,?,?,?,NULL,NULL,NULL,?,?,?,?,'',0,?,NULL,?,?)")
 		args = append(args, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
 			s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt), s.TerminalSeq,
