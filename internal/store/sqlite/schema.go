@@ -202,4 +202,17 @@ CREATE INDEX steps_executing ON steps (execution_id) WHERE status = 'executing';
 CREATE INDEX steps_by_body ON steps (body_execution_id) WHERE body_execution_id <> '';
 CREATE INDEX executions_by_source ON executions (forked_from, id) WHERE forked_from <> '';
 `,
+	`
+-- A large append (a fork's copied log) is stored as runs of events, one row
+-- each, instead of a row per event: the store decodes them (sqlstore's
+-- eventruns.go). Keyed by the last seq, so that the runs after a seq are one
+-- range.
+CREATE TABLE event_runs (
+  execution_id TEXT NOT NULL,
+  last_seq INTEGER NOT NULL,
+  first_seq INTEGER NOT NULL,
+  events BLOB NOT NULL,
+  PRIMARY KEY (execution_id, last_seq)
+);
+`,
 }

@@ -267,6 +267,7 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 	}
 	for _, stmt := range []string{
 		`DELETE FROM events WHERE execution_id = ?`,
+		`DELETE FROM event_runs WHERE execution_id = ?`,
 		`DELETE FROM counters WHERE execution_id = ?`,
 		`DELETE FROM dispatches WHERE execution_id = ?`,
 		`DELETE FROM idempotency_keys WHERE execution_id = ?`,
@@ -311,14 +312,37 @@ func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string
 
 // ---- events ----
 
+// AppendEvents stores events; a sequence number is never stored twice. A
+// large append of one execution goes into runs (eventruns.go), which must
+// follow every event already stored, as the kernel's appends always do.
 func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
+	if packable(events) {
+		return t.appendRuns(ctx, events)
+	}
+	// A row whose seq a run already holds is refused like a duplicate row.
+	minSeq := events[0].Seq
+	for _, ev := range events {
+		minSeq = min(minSeq, ev.Seq)
+	}
+	var one int
+	err := t.row(ctx, `SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ? LIMIT 1`, events[0].ExecutionID, minSeq).Scan(&one)
+	switch {
+	case err == nil:
+		return fmt.Errorf("append events: seq %d of %s is already stored", minSeq, events[0].ExecutionID)
+	case !errors.Is(err, sql.ErrNoRows):
+		return err
+	}
+	return t.appendRows(ctx, events)
+}
+
+func (t *Tx) appendRows(ctx context.Context, events []*store.Event) error {
 	// One statement per 1,000 events keeps each under SQLite's limit of
 	// 32,766 bound variables (terminate may cancel thousands of open steps).
 	for len(events) > 1000 {
-		if err := t.AppendEvents(ctx, events[:1000]); err != nil {
+		if err := t.appendRows(ctx, events[:1000]); err != nil {
 			return err
 		}
 		events = events[1000:]
@@ -350,8 +374,34 @@ func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 	return t.exec(ctx, b.String(), args...)
 }
 
+// appendRuns stores packable events as runs, after checking that they follow
+// everything stored for their execution.
+func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
+	id, first := events[0].ExecutionID, events[0].Seq
+	var taken bool
+	err := t.row(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND event_seq >= ?)
+ OR EXISTS (SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ?)`, id, first, id, first).Scan(&taken)
+	if err != nil {
+		return err
+	}
+	if taken {
+		return fmt.Errorf("append events: %s already has events at or after seq %d", id, first)
+	}
+	for len(events) > 0 {
+		n := min(len(events), runMaxEvents)
+		run := events[:n]
+		if err := t.exec(ctx, `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`,
+			id, run[n-1].Seq, run[0].Seq, encodeRun(run)); err != nil {
+			return err
+		}
+		events = events[n:]
+	}
+	return nil
+}
+
+// Events pages an execution's log: its rows and its runs, merged by seq.
 func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*store.Event, error) {
-	return list(ctx, q, func(s scanner) (*store.Event, error) {
+	rows, err := list(ctx, q, func(s scanner) (*store.Event, error) {
 		ev := &store.Event{ExecutionID: executionID}
 		var at int64
 		err := s.Scan(&ev.Seq, &ev.Type, &ev.Payload, &at)
@@ -359,6 +409,47 @@ func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64
 		return ev, err
 	}, `SELECT event_seq, type, payload, occurred_at FROM events
  WHERE execution_id = ? AND event_seq > ? ORDER BY event_seq LIMIT ?`, executionID, afterSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := q.query(ctx, `SELECT first_seq, events FROM event_runs WHERE execution_id = ? AND last_seq > ? ORDER BY last_seq`,
+		executionID, afterSeq)
+	if err != nil {
+		return nil, err
+	}
+	defer runs.Close()
+	// rows holds every row that can be on this page; the runs' events slot
+	// in between them.
+	out := make([]*store.Event, 0, len(rows))
+	next := 0
+	take := func(ev *store.Event) bool {
+		for next < len(rows) && rows[next].Seq < ev.Seq && len(out) < limit {
+			out = append(out, rows[next])
+			next++
+		}
+		if len(out) < limit {
+			out = append(out, ev)
+		}
+		return len(out) < limit
+	}
+	for len(out) < limit && runs.Next() {
+		var first int64
+		var data sql.RawBytes
+		if err := runs.Scan(&first, &data); err != nil {
+			return nil, err
+		}
+		if err := decodeRun(executionID, first, data, afterSeq, take); err != nil {
+			return nil, err
+		}
+	}
+	if err := runs.Err(); err != nil {
+		return nil, err
+	}
+	for next < len(rows) && len(out) < limit {
+		out = append(out, rows[next])
+		next++
+	}
+	return out, nil
 }
 
 // ---- steps ----

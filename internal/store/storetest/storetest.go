@@ -53,6 +53,7 @@ var scenarios = []scenario{
 	{"ExecutionDuplicateID", testExecutionDuplicateID},
 	{"ListExecutions", testListExecutions},
 	{"Events", testEvents},
+	{"EventRuns", testEventRuns},
 	{"StepRoundTrip", testStepRoundTrip},
 	{"StepsListing", testStepsListing},
 	{"OpenSteps", testOpenSteps},
@@ -715,6 +716,58 @@ func testEvents(t *testing.T, s store.Store) {
 		t.Error("appending an event with an existing seq succeeded")
 	}
 	sameList(t, "Events after a refused duplicate", val(s.Read().Events(ctx, "exec-a", 0, 100)).get(t, "Events"), all)
+}
+
+// testEventRuns holds a large append (a fork's log, stored in runs by the
+// SQL stores) to the same contract as rows: the same events back, in seq
+// order, paged across the boundaries between rows and runs.
+func testEventRuns(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const id = "exec-runs"
+	write(t, s, minimalExecution(id, "agent", wire.ExecRunning), events(id, 1, 3))
+	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 4, 600)) })
+	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 601, 603)) })
+	all := events(id, 1, 603)
+	r := s.Read()
+	sameList(t, "Events of rows and a large append", val(r.Events(ctx, id, 0, big)).get(t, "Events"), all)
+	for _, c := range []struct{ after, limit int64 }{
+		{0, 1}, {2, 5}, {3, 1}, {100, 3}, {255, 10}, {259, 300}, {590, 20}, {599, 2}, {600, 10}, {602, 5}, {603, 5},
+	} {
+		want := all[c.after:min(c.after+c.limit, int64(len(all)))]
+		sameList(t, fmt.Sprintf("Events after %d limit %d", c.after, c.limit),
+			val(r.Events(ctx, id, c.after, int(c.limit))).get(t, "Events"), want)
+	}
+	var seqs []int64
+	for after := int64(0); ; {
+		page := val(r.Events(ctx, id, after, 7)).get(t, "Events")
+		seqs = append(seqs, eventSeqs(page)...)
+		if len(page) < 7 {
+			break
+		}
+		after = page[len(page)-1].Seq
+	}
+	if len(seqs) != len(all) || seqs[0] != 1 || seqs[len(seqs)-1] != 603 || !slices.IsSorted(seqs) {
+		t.Errorf("paging by 7 visited %d events", len(seqs))
+	}
+
+	// No seq is stored twice, whichever way it was stored.
+	for _, c := range []struct {
+		what   string
+		events []*store.Event
+	}{
+		{"a row inside a large append", events(id, 100, 100)},
+		{"a large append over rows", events(id, 603, 700)},
+		{"a large append over a large append", events(id, 500, 700)},
+	} {
+		err := s.Update(ctx, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, c.events) })
+		if err == nil {
+			t.Errorf("%s succeeded", c.what)
+		}
+	}
+	sameList(t, "Events after refused duplicates", val(r.Events(ctx, id, 0, big)).get(t, "Events"), all)
+
+	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, id) })
+	sameList(t, "Events of a deleted execution", val(r.Events(ctx, id, 0, big)).get(t, "Events"), []*store.Event{})
 }
 
 // ---- steps ----
