@@ -393,3 +393,20 @@ func TestErrorHelpers(t *testing.T) {
 		}
 	}
 }
+
+func TestRewriteStepID(t *testing.T) {
+	ids := map[string]string{"aaaa": "bbbb", "short": "a-longer-id", "x": "y"}
+	cases := []struct{ in, want string }{
+		{`{"rule_id":"r","step_id":"aaaa","target":"t"}`, `{"rule_id":"r","step_id":"bbbb","target":"t"}`},
+		{`{"step_id":"short","target":"t"}`, `{"step_id":"a-longer-id","target":"t"}`},
+		{`{"a":{"step_id":"x"},"step_id":"x"}`, `{"a":{"step_id":"x"},"step_id":"y"}`}, // only the top-level member
+		{`{"step_id":"unknown"}`, `{"step_id":"unknown"}`},
+		{`{"target":"t"}`, `{"target":"t"}`},
+		{`{"step_id":7}`, `{"step_id":7}`},
+	}
+	for _, c := range cases {
+		if got := string(rewriteStepID([]byte(c.in), ids)); got != c.want {
+			t.Errorf("rewriteStepID(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
