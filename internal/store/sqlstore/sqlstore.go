@@ -322,18 +322,23 @@ func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 	if packable(events) {
 		return t.appendRuns(ctx, events)
 	}
-	// A row whose seq a run already holds is refused like a duplicate row.
-	minSeq := events[0].Seq
+	// A row whose seq a run already holds is refused like a duplicate row:
+	// runs end below the lowest seq appended to each execution.
+	lowest := map[string]int64{}
 	for _, ev := range events {
-		minSeq = min(minSeq, ev.Seq)
+		if seq, ok := lowest[ev.ExecutionID]; !ok || ev.Seq < seq {
+			lowest[ev.ExecutionID] = ev.Seq
+		}
 	}
-	var one int
-	err := t.row(ctx, `SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ? LIMIT 1`, events[0].ExecutionID, minSeq).Scan(&one)
-	switch {
-	case err == nil:
-		return fmt.Errorf("append events: seq %d of %s is already stored", minSeq, events[0].ExecutionID)
-	case !errors.Is(err, sql.ErrNoRows):
-		return err
+	for id, seq := range lowest {
+		var one int
+		err := t.row(ctx, `SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ? LIMIT 1`, id, seq).Scan(&one)
+		switch {
+		case err == nil:
+			return fmt.Errorf("append events: seq %d of %s is already stored", seq, id)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
 	}
 	return t.appendRows(ctx, events)
 }

@@ -724,7 +724,8 @@ func testEvents(t *testing.T, s store.Store) {
 func testEventRuns(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	const id = "exec-runs"
-	write(t, s, minimalExecution(id, "agent", wire.ExecRunning), events(id, 1, 3))
+	write(t, s, minimalExecution(id, "agent", wire.ExecRunning), minimalExecution("exec-runs-other", "agent", wire.ExecRunning),
+		events(id, 1, 3))
 	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 4, 600)) })
 	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 601, 603)) })
 	all := events(id, 1, 603)
@@ -758,6 +759,7 @@ func testEventRuns(t *testing.T, s store.Store) {
 		{"a row inside a large append", events(id, 100, 100)},
 		{"a large append over rows", events(id, 603, 700)},
 		{"a large append over a large append", events(id, 500, 700)},
+		{"rows of two executions, one inside a large append", append(events("exec-runs-other", 1, 1), events(id, 200, 200)...)},
 	} {
 		err := s.Update(ctx, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, c.events) })
 		if err == nil {
@@ -765,6 +767,8 @@ func testEventRuns(t *testing.T, s store.Store) {
 		}
 	}
 	sameList(t, "Events after refused duplicates", val(r.Events(ctx, id, 0, big)).get(t, "Events"), all)
+	sameList(t, "Events of the other execution after a refused append", val(r.Events(ctx, "exec-runs-other", 0, big)).get(t, "Events"),
+		[]*store.Event{})
 
 	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, id) })
 	sameList(t, "Events of a deleted execution", val(r.Events(ctx, id, 0, big)).get(t, "Events"), []*store.Event{})
