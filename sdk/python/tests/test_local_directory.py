@@ -611,6 +611,50 @@ async def test_a_refused_syncfs_falls_back_to_fsync(driver: LocalDirectory, monk
     assert local_directory._syncfs_refused and local_directory._syncfs() is None
 
 
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o027, 0o077])
+async def test_restored_modes_do_not_depend_on_the_umask(driver: LocalDirectory, umask: int) -> None:
+    """Files are created with their mode and fixed only when the umask took
+    bits away: the result is the captured mode either way."""
+    _h, ref, expected = await big_checkpoint(driver)
+    old = os.umask(umask)
+    try:
+        if sys.platform.startswith("linux"):
+            assert local_directory._umask() == umask
+        restored, _ = await driver.create(ref)
+    finally:
+        os.umask(old)
+    assert tree(restored.path) == expected
+
+
+async def test_an_unreadable_umask_still_restores_modes(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+    _h, ref, expected = await big_checkpoint(driver)
+    monkeypatch.setattr(local_directory, "_umask", lambda: None)
+    old = os.umask(0o077)
+    try:
+        restored, _ = await driver.create(ref)
+    finally:
+        os.umask(old)
+    assert tree(restored.path) == expected
+
+
+async def test_a_folder_at_an_objects_path_is_a_missing_object(driver: LocalDirectory) -> None:
+    _h, ref = await golden(driver)
+    obj = Path(driver.object_path(sha(b"hi\n")))
+    obj.unlink()
+    obj.mkdir()
+    await assert_unavailable(driver, ref, "does not exist")
+
+
+async def test_bytes_past_an_objects_size_are_not_restored(driver: LocalDirectory) -> None:
+    """What is restored is what the hash names; trailing bytes are never read."""
+    _h, ref = await golden(driver)
+    obj = Path(driver.object_path(sha(b"hi\n")))
+    obj.chmod(0o644)
+    obj.write_bytes(b"hi\ntrailing")
+    restored, _ = await driver.create(ref)
+    assert (Path(restored.path) / "hello.txt").read_bytes() == b"hi\n"
+
+
 async def test_a_damaged_object_among_many_fails_the_restore(driver: LocalDirectory) -> None:
     _h, ref, _expected = await big_checkpoint(driver)
     victim = Path(driver.object_path(sha(b"file 40\n" * 41)))

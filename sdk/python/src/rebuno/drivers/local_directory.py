@@ -934,10 +934,11 @@ def _copy_objects(copies: list[tuple[str, str, int, str, int]]) -> None:
     about 35 ms where one took 45 on the test machine. More do not help:
     creates in one directory take turns, and the rest holds the GIL.
     """
+    umask = _umask()
     copiers = min(2, os.cpu_count() or 1)
     if copiers < 2 or len(copies) < _PARALLEL_MIN:
         for c in copies:
-            _copy_object(*c)
+            _copy_object(*c, umask)
         return
     failed = threading.Event()
 
@@ -946,7 +947,7 @@ def _copy_objects(copies: list[tuple[str, str, int, str, int]]) -> None:
             if failed.is_set():
                 return
             try:
-                _copy_object(*c)
+                _copy_object(*c, umask)
             except BaseException:
                 failed.set()
                 raise
@@ -957,32 +958,55 @@ def _copy_objects(copies: list[tuple[str, str, int, str, int]]) -> None:
         future.result()
 
 
-def _copy_object(obj: str, digest: str, size: int, dest: str, mode: int) -> None:
-    """Copy an object to a new file, checking its size and hash; small
-    objects are checked before anything is written."""
+def _umask() -> int | None:
+    """The process's umask, read without setting it (os.umask would change it
+    for every thread for a moment); None where /proc does not tell."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _copy_object(obj: str, digest: str, size: int, dest: str, mode: int, umask: int | None) -> None:
+    """Copy an object to a new file, checking it against its hash; small
+    objects are checked before anything is written.
+
+    A small object costs a restore its syscalls, so it gets no fstat (reading
+    it tells whether it is a file of the right content) and no fchmod when the
+    umask leaves its mode whole. Bytes past the recorded size are not read:
+    what is restored is what the hash names."""
     try:
         # O_NONBLOCK: something other than a file put at an object's path
-        # (a FIFO) must not hang the restore; fstat then refuses it.
+        # (a FIFO) must not hang the restore.
         src = os.open(obj, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         raise _Damaged(f"object {digest} does not exist") from None
     try:
+        if size <= _CHUNK:
+            try:
+                data = _read_upto(src, size)
+            except (IsADirectoryError, BlockingIOError):
+                raise _Damaged(f"object {digest} does not exist") from None
+            if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+                raise _Damaged(f"object {digest} is damaged")
+            # Created in a staging folder only this process can enter.
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, mode)
+            try:
+                _write_all(out, data)
+                if umask is None or mode & umask:
+                    os.fchmod(out, mode)
+            finally:
+                os.close(out)
+            return
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
             raise _Damaged(f"object {digest} does not exist")
         if st.st_size != size:
             raise _Damaged(f"object {digest} is damaged")
-        if size <= _CHUNK:
-            data = _read_upto(src, size)
-            if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-                raise _Damaged(f"object {digest} is damaged")
-            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
-            try:
-                _write_all(out, data)
-                os.fchmod(out, mode)
-            finally:
-                os.close(out)
-            return
         h = hashlib.sha256()
         n = 0
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
