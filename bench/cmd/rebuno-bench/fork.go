@@ -156,7 +156,7 @@ func insertForkSource(path, agentID string, n, body, ckpts int) (*forkSource, er
 					return err
 				}
 			}
-			return tx.AppendEvents(ctx, evs)
+			return appendLikeTheKernel(ctx, tx, evs)
 		})
 		if err != nil {
 			return nil, err
@@ -185,6 +185,21 @@ func insertForkSource(path, agentID string, n, body, ckpts int) (*forkSource, er
 	}
 	src.lastSeq, src.events = e.LastSeq, e.LastSeq
 	return src, nil
+}
+
+// appendLikeTheKernel appends events a step's worth at a time, as the
+// kernel's own operations do, so that the store keeps them as it keeps a live
+// execution's log: one large append would be stored as runs of events, which
+// read faster than the rows a real history has.
+func appendLikeTheKernel(ctx context.Context, tx store.Tx, evs []*store.Event) error {
+	for len(evs) > 0 {
+		n := min(len(evs), 4)
+		if err := tx.AppendEvents(ctx, evs[:n]); err != nil {
+			return err
+		}
+		evs = evs[n:]
+	}
+	return nil
 }
 
 // forkLadder is the history lengths FORK forks with 4 KiB results: 100,

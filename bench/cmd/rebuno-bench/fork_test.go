@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -126,5 +127,30 @@ func TestForkLadder(t *testing.T) {
 	}
 	if got := perThousandSteps(100, time.Millisecond, 100, 2*time.Millisecond); got != 0 {
 		t.Errorf("growth over no steps = %v", got)
+	}
+}
+
+// TestForkSourcesAreRows: the sources are stored as a live execution's log
+// is, a row per event, not as the runs a single large append becomes.
+func TestForkSourcesAreRows(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "src.db")
+	src, err := insertForkSource(path, "agent-a", 300, 64, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.ToSlash(path)+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var rows, runs int64
+	if err := db.QueryRow(`SELECT COUNT(*) FROM events WHERE execution_id = ?`, src.id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`SELECT COUNT(*) FROM event_runs WHERE execution_id = ?`, src.id).Scan(&runs); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 0 || rows != src.lastSeq {
+		t.Fatalf("source of %d events stored as %d rows and %d runs", src.lastSeq, rows, runs)
 	}
 }

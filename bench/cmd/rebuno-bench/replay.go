@@ -270,7 +270,7 @@ func insertHistory(path, agentID string, n int, argsHash string) (*history, erro
 					return err
 				}
 			}
-			return tx.AppendEvents(ctx, evs)
+			return appendLikeTheKernel(ctx, tx, evs)
 		})
 		if err != nil {
 			return nil, err
