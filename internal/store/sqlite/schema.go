@@ -203,10 +203,10 @@ CREATE INDEX steps_by_body ON steps (body_execution_id) WHERE body_execution_id 
 CREATE INDEX executions_by_source ON executions (forked_from, id) WHERE forked_from <> '';
 `,
 	`
--- A large append (a fork's copied log) is stored as runs of events, one row
--- each, instead of a row per event: the store decodes them (sqlstore's
--- eventruns.go). Keyed by the last seq, so that the runs after a seq are one
--- range.
+-- An execution's log is stored as runs of events, a row per append of up to
+-- 256 events instead of a row per event: the store decodes them (sqlstore's
+-- eventruns.go); the events table keeps older rows. Keyed by the last seq, so
+-- that the runs after a seq are one range.
 CREATE TABLE event_runs (
   execution_id TEXT NOT NULL,
   last_seq INTEGER NOT NULL,

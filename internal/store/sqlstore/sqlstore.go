@@ -312,9 +312,10 @@ func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string
 
 // ---- events ----
 
-// AppendEvents stores events; a sequence number is never stored twice. A
-// large append of one execution goes into runs (eventruns.go), which must
-// follow every event already stored, as the kernel's appends always do.
+// AppendEvents stores events; a sequence number is never stored twice. One
+// execution's events in seq order (every append the kernel makes) go into
+// runs (eventruns.go), which must follow every event already stored for it,
+// as the kernel's appends always do; anything else is stored a row per event.
 func (t *Tx) AppendEvents(ctx context.Context, events []*store.Event) error {
 	if len(events) == 0 {
 		return nil

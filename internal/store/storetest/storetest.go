@@ -718,16 +718,22 @@ func testEvents(t *testing.T, s store.Store) {
 	sameList(t, "Events after a refused duplicate", val(s.Read().Events(ctx, "exec-a", 0, 100)).get(t, "Events"), all)
 }
 
-// testEventRuns holds a large append (a fork's log, stored in runs by the
-// SQL stores) to the same contract as rows: the same events back, in seq
-// order, paged across the boundaries between rows and runs.
+// testEventRuns mixes the ways a store may keep a log (the SQL stores keep
+// one execution's append in runs of events, and any other append a row per
+// event): the same events come back, in seq order, paged across every
+// boundary between them.
 func testEventRuns(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	const id = "exec-runs"
-	write(t, s, minimalExecution(id, "agent", wire.ExecRunning), minimalExecution("exec-runs-other", "agent", wire.ExecRunning),
-		events(id, 1, 3))
+	const id, other = "exec-runs", "exec-runs-other"
+	write(t, s, minimalExecution(id, "agent", wire.ExecRunning), minimalExecution(other, "agent", wire.ExecRunning))
+	mixed := func(evs ...[]*store.Event) []*store.Event { return slices.Concat(evs...) }
+	update(t, s, id, func(ctx context.Context, tx store.Tx) error {
+		return tx.AppendEvents(ctx, mixed(events(id, 1, 3), events(other, 1, 1)))
+	})
 	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 4, 600)) })
-	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, events(id, 601, 603)) })
+	update(t, s, id, func(ctx context.Context, tx store.Tx) error {
+		return tx.AppendEvents(ctx, mixed(events(other, 2, 2), events(id, 601, 603)))
+	})
 	all := events(id, 1, 603)
 	r := s.Read()
 	sameList(t, "Events of rows and a large append", val(r.Events(ctx, id, 0, big)).get(t, "Events"), all)
@@ -759,7 +765,8 @@ func testEventRuns(t *testing.T, s store.Store) {
 		{"a row inside a large append", events(id, 100, 100)},
 		{"a large append over rows", events(id, 603, 700)},
 		{"a large append over a large append", events(id, 500, 700)},
-		{"rows of two executions, one inside a large append", append(events("exec-runs-other", 1, 1), events(id, 200, 200)...)},
+		{"an event of two executions' append inside a large append", mixed(events(other, 3, 3), events(id, 200, 200))},
+		{"a small append inside a large append", events(id, 300, 301)},
 	} {
 		err := s.Update(ctx, id, func(ctx context.Context, tx store.Tx) error { return tx.AppendEvents(ctx, c.events) })
 		if err == nil {
@@ -767,8 +774,8 @@ func testEventRuns(t *testing.T, s store.Store) {
 		}
 	}
 	sameList(t, "Events after refused duplicates", val(r.Events(ctx, id, 0, big)).get(t, "Events"), all)
-	sameList(t, "Events of the other execution after a refused append", val(r.Events(ctx, "exec-runs-other", 0, big)).get(t, "Events"),
-		[]*store.Event{})
+	sameList(t, "Events of the other execution after a refused append", val(r.Events(ctx, other, 0, big)).get(t, "Events"),
+		events(other, 1, 2))
 
 	update(t, s, id, func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecution(ctx, id) })
 	sameList(t, "Events of a deleted execution", val(r.Events(ctx, id, 0, big)).get(t, "Events"), []*store.Event{})
