@@ -740,7 +740,7 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 				}
 			}
 			// A step's events at a time, as the kernel appends them: one
-			// large append would be stored as runs, which read faster.
+			// large append would be stored as runs of 256, which read faster.
 			for i := 0; i < len(evs); i += 4 {
 				if err := tx.AppendEvents(ctx, evs[i:min(i+4, len(evs))]); err != nil {
 					return err

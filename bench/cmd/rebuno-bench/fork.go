@@ -189,8 +189,8 @@ func insertForkSource(path, agentID string, n, body, ckpts int) (*forkSource, er
 
 // appendLikeTheKernel appends events a step's worth at a time, as the
 // kernel's own operations do, so that the store keeps them as it keeps a live
-// execution's log: one large append would be stored as runs of events, which
-// read faster than the rows a real history has.
+// execution's log: one large append would be stored as runs of 256 events,
+// which read faster than the short runs a real history has.
 func appendLikeTheKernel(ctx context.Context, tx store.Tx, evs []*store.Event) error {
 	for len(evs) > 0 {
 		n := min(len(evs), 4)

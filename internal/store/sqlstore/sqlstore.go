@@ -353,26 +353,12 @@ func (t *Tx) appendRows(ctx context.Context, events []*store.Event) error {
 		}
 		events = events[1000:]
 	}
-	// The events of one execution (every caller's case) bind its id once, as
-	// ?1; a bare ? takes the number after the largest used so far.
-	one := true
-	for _, ev := range events {
-		one = one && ev.ExecutionID == events[0].ExecutionID
-	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO events (execution_id, event_seq, type, payload, occurred_at) VALUES `)
-	args := make([]any, 0, 1+5*len(events))
-	if one {
-		args = append(args, events[0].ExecutionID)
-	}
+	args := make([]any, 0, 5*len(events))
 	for i, ev := range events {
 		if i > 0 {
 			b.WriteByte(',')
-		}
-		if one {
-			b.WriteString("(?1,?,?,?,?)")
-			args = append(args, ev.Seq, ev.Type, ev.Payload, ts(ev.OccurredAt))
-			continue
 		}
 		b.WriteString("(?,?,?,?,?)")
 		args = append(args, ev.ExecutionID, ev.Seq, ev.Type, ev.Payload, ts(ev.OccurredAt))
