@@ -205,7 +205,7 @@ func (k *Kernel) ClaimDispatch(ctx context.Context, ref store.DispatchRef) (*Del
 		if err := o.tx.UpdateDispatch(o.ctx, d); err != nil {
 			return fmt.Errorf("claim dispatch: %w", err)
 		}
-		if err := o.tx.DeleteDispatchCounters(o.ctx, d.ID); err != nil {
+		if err := o.tx.DeleteDispatchCounters(o.ctx, d.ExecutionID, d.ID); err != nil {
 			return fmt.Errorf("reset counters: %w", err)
 		}
 		del = &Delivery{DispatchID: d.ID, ExecutionID: d.ExecutionID, AgentID: agent.ID, WebhookURL: agent.WebhookURL,

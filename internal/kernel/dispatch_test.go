@@ -95,7 +95,7 @@ func TestClaimResetsCounters(t *testing.T) {
 	fx := newFixture(t)
 	e, del := fx.start("a1")
 	fx.proceed(e, del, "x", `{}`)
-	if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "x", `{}`); !ok {
+	if _, ok := fx.counter(del, wire.KindToolCall, "x", `{}`); !ok {
 		t.Fatal("setup: no counter")
 	}
 	if err := fx.k.RecordDelivery(fx.ctx, &Delivery{DispatchID: del.DispatchID, ExecutionID: e.ID, Attempt: 1}, DeliveryOutcome{HTTPStatus: 503}); err != nil {
@@ -103,7 +103,7 @@ func TestClaimResetsCounters(t *testing.T) {
 	}
 	fx.clk.Advance(time.Minute)
 	fx.claim(e.ID)
-	if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "x", `{}`); ok {
+	if _, ok := fx.counter(del, wire.KindToolCall, "x", `{}`); ok {
 		t.Fatal("a claim after a failed delivery kept the occurrence counters")
 	}
 }

@@ -452,7 +452,7 @@ func TestTerminalCleanUp(t *testing.T) {
 			allowed := fx.proceed(e, del, "allowed", `{}`)
 			fx.mutateStep(e.ID, allowed, func(s *store.Step) { s.Status = wire.StepAllowed })
 			open2 := fx.proceed(e, del, "open2", `{}`)
-			if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "open1", `{"i":1}`); !ok {
+			if _, ok := fx.counter(del, wire.KindToolCall, "open1", `{"i":1}`); !ok {
 				t.Fatal("setup: no counter before the end")
 			}
 			ended := metric(fx.k.metrics.ExecutionsCompleted.WithLabelValues(end.status))
@@ -499,7 +499,7 @@ func TestTerminalCleanUp(t *testing.T) {
 				if end.name == "exhaustion" {
 					break // the second claim already reset them
 				}
-				if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, c.target, c.args); ok {
+				if _, ok := fx.counter(del, wire.KindToolCall, c.target, c.args); ok {
 					t.Fatalf("the counter of %s survived the end", c.target)
 				}
 			}

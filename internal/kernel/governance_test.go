@@ -578,7 +578,7 @@ func TestRateLimit(t *testing.T) {
 	if ex.StepCount != steps {
 		t.Fatalf("step count moved to %d", ex.StepCount)
 	}
-	if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "search", `{"q":3}`); ok {
+	if _, ok := fx.counter(del, wire.KindToolCall, "search", `{"q":3}`); ok {
 		t.Fatal("a refusal advanced the counter")
 	}
 

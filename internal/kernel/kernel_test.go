@@ -246,9 +246,9 @@ func (fx *fixture) dispatch(id string) *store.Dispatch {
 	return d
 }
 
-func (fx *fixture) counter(dispatchID, kind, target, args string) (int64, bool) {
+func (fx *fixture) counter(del *Delivery, kind, target, args string) (int64, bool) {
 	fx.t.Helper()
-	v, found, err := fx.k.Store().Read().Counter(fx.ctx, dispatchID, kind, target, argsHash(fx.t, args))
+	v, found, err := fx.k.Store().Read().Counter(fx.ctx, del.ExecutionID, del.DispatchID, kind, target, argsHash(fx.t, args))
 	if err != nil {
 		fx.t.Fatalf("read counter: %v", err)
 	}

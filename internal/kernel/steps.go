@@ -153,7 +153,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 				return validation("resources", "unknown resource key %q", key)
 			}
 		}
-		consumed, hasCounter, err := o.tx.Counter(o.ctx, d.ID, r.Kind, r.Target, argsHash)
+		consumed, hasCounter, err := o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
 		if err != nil {
 			return fmt.Errorf("read counter: %w", err)
 		}

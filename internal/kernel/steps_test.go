@@ -442,7 +442,7 @@ func TestOccurrenceCounting(t *testing.T) {
 			t.Fatalf("call %d: step %s occurrence %d, want %s at %d", occ, dec.StepID, dec.Occurrence, want, occ)
 		}
 	}
-	if v, ok := fx.counter(del.DispatchID, wire.KindToolCall, "search", args); !ok || v != 2 {
+	if v, ok := fx.counter(del, wire.KindToolCall, "search", args); !ok || v != 2 {
 		t.Fatalf("counter = %d, %v; want 2", v, ok)
 	}
 	// Another identity has its own counter; kind and target are part of it.
@@ -477,7 +477,7 @@ func TestOccurrenceCounting(t *testing.T) {
 		if dec := fx.submitReq(e.ID, hdr(del), r); dec.Occurrence != 1 || dec.Decision != wire.DecisionProceed {
 			t.Fatalf("occurrence 1 = %+v", dec)
 		}
-		if v, _ := fx.counter(del.DispatchID, wire.KindToolCall, "search", args); v != 3 {
+		if v, _ := fx.counter(del, wire.KindToolCall, "search", args); v != 3 {
 			t.Fatalf("counter = %d after asserting an older occurrence, want 3", v)
 		}
 		if dec := fx.submit(e, del, wire.KindToolCall, "search", args); dec.Occurrence != 4 {
@@ -492,7 +492,7 @@ func TestOccurrenceCounting(t *testing.T) {
 
 	t.Run("a new attempt starts from occurrence 0", func(t *testing.T) {
 		del2 := fx.reclaim(del)
-		if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "search", args); ok {
+		if _, ok := fx.counter(del, wire.KindToolCall, "search", args); ok {
 			t.Fatal("the claim kept the dispatch's counters")
 		}
 		dec := fx.submit(e, del2, wire.KindToolCall, "search", args)
@@ -503,7 +503,7 @@ func TestOccurrenceCounting(t *testing.T) {
 
 	t.Run("a newer dispatch deletes the old counters and starts from 0", func(t *testing.T) {
 		newer := fx.enqueue(e.ID)
-		if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "search", args); ok {
+		if _, ok := fx.counter(del, wire.KindToolCall, "search", args); ok {
 			t.Fatal("counters of the retired dispatch survive")
 		}
 		del3 := fx.claim(e.ID)
@@ -574,7 +574,7 @@ func TestSubmitChecksInOrder(t *testing.T) {
 	r2.Resources = []string{"workspace"}
 	wantMessage(t, call(Caller{Agent: "a1"}, e.ID, hdr(del), r2), wire.CodeValidation, `validation error: unknown resource key "workspace"`)
 	fx.noNewEvents(e.ID, seq)
-	if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "x", ""); ok {
+	if _, ok := fx.counter(del, wire.KindToolCall, "x", ""); ok {
 		t.Fatal("a refused submit advanced the counter")
 	}
 	// A bearer caller (no agent) is not scoped.
@@ -606,7 +606,7 @@ func TestExecutionBlockedRefusesNewStepsOnly(t *testing.T) {
 	if dec.Decision != wire.DecisionExecutionBlocked || dec.StepID != "" {
 		t.Fatalf("new step while blocked = %+v", dec)
 	}
-	if _, ok := fx.counter(del.DispatchID, wire.KindToolCall, "new", `{}`); ok {
+	if _, ok := fx.counter(del, wire.KindToolCall, "new", `{}`); ok {
 		t.Fatal("execution_blocked advanced the counter")
 	}
 	// An executing step started before the block can still be completed.
@@ -773,7 +773,7 @@ func TestFencing(t *testing.T) {
 			r.HasOccurrence = true
 			_, err = fx.k.SubmitStep(fx.ctx, c, e.ID, w.old, r)
 			refused(err)
-			if _, ok := fx.counter(w.old.ID, wire.KindToolCall, "new", `{}`); ok {
+			if _, ok := fx.counter(&Delivery{ExecutionID: e.ID, DispatchID: w.old.ID}, wire.KindToolCall, "new", `{}`); ok {
 				t.Fatal("a superseded submit advanced a counter")
 			}
 			refused(fx.k.Heartbeat(fx.ctx, c, e.ID, w.old))

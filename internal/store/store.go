@@ -69,7 +69,9 @@ type Reader interface {
 	HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error)
 
 	Dispatch(ctx context.Context, id string) (*Dispatch, error)
-	Counter(ctx context.Context, dispatchID, kind, target, argsHash string) (consumed int64, found bool, err error)
+	// Counter is how many times a step identity has been consumed by one
+	// dispatch of an execution (§11.5).
+	Counter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (consumed int64, found bool, err error)
 
 	Agent(ctx context.Context, id string) (*Agent, error)
 	ListAgents(ctx context.Context) ([]*Agent, error)
@@ -144,7 +146,7 @@ type Tx interface {
 	RetireDispatches(ctx context.Context, executionID, keepID string, now time.Time) error
 
 	SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error
-	DeleteDispatchCounters(ctx context.Context, dispatchID string) error
+	DeleteDispatchCounters(ctx context.Context, executionID, dispatchID string) error
 	DeleteExecutionCounters(ctx context.Context, executionID string) error
 
 	UpsertAgent(ctx context.Context, a *Agent) error

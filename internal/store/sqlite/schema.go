@@ -215,4 +215,35 @@ CREATE TABLE event_runs (
   PRIMARY KEY (execution_id, last_seq)
 );
 `,
+	// Every page a step's transactions touch is a WAL frame its commit
+	// writes and then waits for. Keyed by their primary keys (WITHOUT
+	// ROWID), counters and event runs are one B-tree each instead of a
+	// table plus one or two indexes. The counters' key leads with the
+	// execution, so that one execution's counters share pages and are
+	// deleted by a key prefix.
+	`
+CREATE TABLE counters_by_key (
+  execution_id TEXT NOT NULL,
+  dispatch_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target TEXT NOT NULL,
+  args_hash TEXT NOT NULL,
+  consumed INTEGER NOT NULL,
+  PRIMARY KEY (execution_id, dispatch_id, kind, target, args_hash)
+) WITHOUT ROWID;
+INSERT INTO counters_by_key SELECT execution_id, dispatch_id, kind, target, args_hash, consumed FROM counters;
+DROP TABLE counters;
+ALTER TABLE counters_by_key RENAME TO counters;
+
+CREATE TABLE event_runs_by_key (
+  execution_id TEXT NOT NULL,
+  last_seq INTEGER NOT NULL,
+  first_seq INTEGER NOT NULL,
+  events BLOB NOT NULL,
+  PRIMARY KEY (execution_id, last_seq)
+) WITHOUT ROWID;
+INSERT INTO event_runs_by_key SELECT execution_id, last_seq, first_seq, events FROM event_runs;
+DROP TABLE event_runs;
+ALTER TABLE event_runs_by_key RENAME TO event_runs;
+`,
 }

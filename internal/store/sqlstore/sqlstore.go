@@ -48,6 +48,12 @@ type Queries struct {
 type Tx struct {
 	Queries
 	after []func()
+	// The status of the execution this transaction last read or wrote.
+	// UpdateExecution leaves the column alone while it is unchanged: SQLite
+	// rewrites an index's entry whenever the UPDATE sets one of its columns,
+	// even to the value it had, and that page would be one more WAL frame in
+	// the commit of every step.
+	statusOf, status string
 }
 
 // NewTx returns a Tx writing through q.
@@ -238,15 +244,44 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 	if err != nil {
 		return err
 	}
+	t.statusOf, t.status = e.ID, e.Status
 	return t.exec(ctx, `INSERT INTO execution_values (execution_id, input, output, state) VALUES (?,?,?,?)`,
 		e.ID, e.Input, e.Output, e.State)
 }
 
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
-	return t.exec(ctx, `UPDATE executions SET status = ?, failure_reason = ?, updated_at = ?,
+	if t.statusOf == e.ID && t.status == e.Status {
+		return t.exec(ctx, `UPDATE executions SET failure_reason = ?, updated_at = ?,
+ resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
+			e.FailureReason, ts(e.UpdatedAt),
+			encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
+	}
+	err := t.exec(ctx, `UPDATE executions SET status = ?, failure_reason = ?, updated_at = ?,
  resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
 		e.Status, e.FailureReason, ts(e.UpdatedAt),
 		encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
+	if err == nil {
+		t.statusOf, t.status = e.ID, e.Status
+	}
+	return err
+}
+
+// ExecutionHead is Queries.ExecutionHead, remembering the status it read.
+func (t *Tx) ExecutionHead(ctx context.Context, id string) (*store.Execution, error) {
+	e, err := t.Queries.ExecutionHead(ctx, id)
+	if err == nil {
+		t.statusOf, t.status = e.ID, e.Status
+	}
+	return e, err
+}
+
+// Execution is Queries.Execution, remembering the status it read.
+func (t *Tx) Execution(ctx context.Context, id string) (*store.Execution, error) {
+	e, err := t.Queries.Execution(ctx, id)
+	if err == nil {
+		t.statusOf, t.status = e.ID, e.Status
+	}
+	return e, err
 }
 
 func (t *Tx) SetExecutionResult(ctx context.Context, id string, output, state []byte) error {
@@ -715,10 +750,11 @@ func (q *Queries) QueueDepth(ctx context.Context, now time.Time) (int64, error) 
 
 // ---- occurrence counters ----
 
-func (q *Queries) Counter(ctx context.Context, dispatchID, kind, target, argsHash string) (int64, bool, error) {
+func (q *Queries) Counter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (int64, bool, error) {
 	var v int64
-	err := q.row(ctx, `SELECT consumed FROM counters WHERE dispatch_id = ? AND kind = ? AND target = ? AND args_hash = ?`,
-		dispatchID, kind, target, argsHash).Scan(&v)
+	err := q.row(ctx, `SELECT consumed FROM counters
+ WHERE execution_id = ? AND dispatch_id = ? AND kind = ? AND target = ? AND args_hash = ?`,
+		executionID, dispatchID, kind, target, argsHash).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -726,13 +762,13 @@ func (q *Queries) Counter(ctx context.Context, dispatchID, kind, target, argsHas
 }
 
 func (t *Tx) SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error {
-	return t.exec(ctx, `INSERT INTO counters (dispatch_id, kind, target, args_hash, execution_id, consumed) VALUES (?,?,?,?,?,?)
- ON CONFLICT (dispatch_id, kind, target, args_hash) DO UPDATE SET consumed = excluded.consumed`,
-		dispatchID, kind, target, argsHash, executionID, consumed)
+	return t.exec(ctx, `INSERT INTO counters (execution_id, dispatch_id, kind, target, args_hash, consumed) VALUES (?,?,?,?,?,?)
+ ON CONFLICT (execution_id, dispatch_id, kind, target, args_hash) DO UPDATE SET consumed = excluded.consumed`,
+		executionID, dispatchID, kind, target, argsHash, consumed)
 }
 
-func (t *Tx) DeleteDispatchCounters(ctx context.Context, dispatchID string) error {
-	return t.exec(ctx, `DELETE FROM counters WHERE dispatch_id = ?`, dispatchID)
+func (t *Tx) DeleteDispatchCounters(ctx context.Context, executionID, dispatchID string) error {
+	return t.exec(ctx, `DELETE FROM counters WHERE execution_id = ? AND dispatch_id = ?`, executionID, dispatchID)
 }
 
 func (t *Tx) DeleteExecutionCounters(ctx context.Context, executionID string) error {

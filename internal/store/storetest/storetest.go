@@ -142,10 +142,10 @@ type counterRow struct {
 }
 
 func (c counterRow) key() counterKey {
-	return counterKey{c.DispatchID, c.Kind, c.Target, c.ArgsHash}
+	return counterKey{c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash}
 }
 
-type counterKey struct{ DispatchID, Kind, Target, ArgsHash string }
+type counterKey struct{ ExecutionID, DispatchID, Kind, Target, ArgsHash string }
 
 func writeRows(ctx context.Context, tx store.Tx, rows ...any) error {
 	for _, r := range rows {
@@ -1201,15 +1201,15 @@ func testNextWake(t *testing.T, s store.Store) {
 
 func testCounters(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	counter := func(dispatch, kind, target, hash string) (int64, bool) {
+	counter := func(k counterKey) (int64, bool) {
 		t.Helper()
-		v, found, err := s.Read().Counter(ctx, dispatch, kind, target, hash)
+		v, found, err := s.Read().Counter(ctx, k.ExecutionID, k.DispatchID, k.Kind, k.Target, k.ArgsHash)
 		if err != nil {
 			t.Fatalf("Counter: %v", err)
 		}
 		return v, found
 	}
-	if v, found := counter("d1", wire.KindToolCall, "t", "h"); v != 0 || found {
+	if v, found := counter(counterKey{"exec-a", "d1", wire.KindToolCall, "t", "h"}); v != 0 || found {
 		t.Errorf("Counter of nothing: got (%d, %v), want (0, false)", v, found)
 	}
 	rows := []counterRow{
@@ -1218,6 +1218,10 @@ func testCounters(t *testing.T, s store.Store) {
 		{"exec-a", "d1", wire.KindLLMCall, "t", "h", 7},
 		{"exec-a", "d2", wire.KindToolCall, "t", "h", 11},
 		{"exec-b", "d3", wire.KindToolCall, "t", "h", 13},
+		// The same dispatch and identity under another execution is another
+		// counter (dispatch ids are unique in practice; the key does not rely
+		// on it).
+		{"exec-b", "d1", wire.KindToolCall, "t", "h", 17},
 	}
 	var anyRows []any
 	for _, r := range rows {
@@ -1227,7 +1231,7 @@ func testCounters(t *testing.T, s store.Store) {
 	check := func(what string, want map[counterKey]int64) {
 		t.Helper()
 		for _, r := range rows {
-			v, found := counter(r.DispatchID, r.Kind, r.Target, r.ArgsHash)
+			v, found := counter(r.key())
 			w, ok := want[r.key()]
 			if v != w || found != ok {
 				t.Errorf("%s: Counter%v got (%d, %v), want (%d, %v)", what, r.key(), v, found, w, ok)
@@ -1245,15 +1249,16 @@ func testCounters(t *testing.T, s store.Store) {
 	initial[rows[0].key()] = 3
 	check("after a second SetCounter", initial)
 
-	update(t, s, "exec-a", func(ctx context.Context, tx store.Tx) error { return tx.DeleteDispatchCounters(ctx, "d1") })
-	check("after DeleteDispatchCounters(d1)", map[counterKey]int64{rows[3].key(): 11, rows[4].key(): 13})
+	update(t, s, "exec-a", func(ctx context.Context, tx store.Tx) error { return tx.DeleteDispatchCounters(ctx, "exec-a", "d1") })
+	check("after DeleteDispatchCounters(exec-a, d1)",
+		map[counterKey]int64{rows[3].key(): 11, rows[4].key(): 13, rows[5].key(): 17})
 
 	update(t, s, "exec-a", func(ctx context.Context, tx store.Tx) error { return tx.DeleteExecutionCounters(ctx, "exec-a") })
-	check("after DeleteExecutionCounters(exec-a)", map[counterKey]int64{rows[4].key(): 13})
+	check("after DeleteExecutionCounters(exec-a)", map[counterKey]int64{rows[4].key(): 13, rows[5].key(): 17})
 
 	// A deleted counter can be set again.
 	write(t, s, counterRow{"exec-a", "d1", wire.KindToolCall, "t", "h", 1})
-	check("after setting a deleted counter", map[counterKey]int64{rows[0].key(): 1, rows[4].key(): 13})
+	check("after setting a deleted counter", map[counterKey]int64{rows[0].key(): 1, rows[4].key(): 13, rows[5].key(): 17})
 }
 
 // ---- agents ----
@@ -1581,7 +1586,7 @@ func (g graph) checkPresent(t *testing.T, r store.Reader) {
 		same(t, "dispatch "+d.ID, val(r.Dispatch(ctx, d.ID)).get(t, "Dispatch"), d)
 	}
 	for _, c := range g.counters {
-		v, found, err := r.Counter(ctx, c.DispatchID, c.Kind, c.Target, c.ArgsHash)
+		v, found, err := r.Counter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash)
 		if err != nil || !found || v != c.Consumed {
 			t.Errorf("counter %v: got (%d, %v, %v), want (%d, true, nil)", c.key(), v, found, err, c.Consumed)
 		}
@@ -1620,7 +1625,7 @@ func (g graph) checkAbsent(t *testing.T, r store.Reader) {
 		wantNotFound(t, "Dispatch "+d.ID, err)
 	}
 	for _, c := range g.counters {
-		v, found, err := r.Counter(ctx, c.DispatchID, c.Kind, c.Target, c.ArgsHash)
+		v, found, err := r.Counter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash)
 		if err != nil || found {
 			t.Errorf("counter %v: got (%d, %v, %v), want not found", c.key(), v, found, err)
 		}
@@ -1715,7 +1720,7 @@ func dump(t *testing.T, r store.Reader, w world) string {
 		line("dispatch "+id, d, err)
 	}
 	for _, k := range w.counters {
-		v, found, err := r.Counter(ctx, k.DispatchID, k.Kind, k.Target, k.ArgsHash)
+		v, found, err := r.Counter(ctx, k.ExecutionID, k.DispatchID, k.Kind, k.Target, k.ArgsHash)
 		line(fmt.Sprintf("counter %v", k), []any{v, found}, err)
 	}
 	for _, k := range w.idem {
@@ -1790,7 +1795,7 @@ func writeEverywhere(ctx context.Context, tx store.Tx, n, p graph) ([]string, er
 	if err := tx.SetCounter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash, 99); err != nil {
 		return nil, err
 	}
-	if err := tx.DeleteDispatchCounters(ctx, p.counters[1].DispatchID); err != nil {
+	if err := tx.DeleteDispatchCounters(ctx, p.counters[1].ExecutionID, p.counters[1].DispatchID); err != nil {
 		return nil, err
 	}
 	if err := tx.DeleteExecutionCounters(ctx, pid); err != nil {
@@ -1844,7 +1849,7 @@ func writeEverywhere(ctx context.Context, tx store.Tx, n, p graph) ([]string, er
 	if a, err := tx.Agent(ctx, "golf"); err != nil || a.PolicyBundle != "new policy" {
 		wrong = append(wrong, fmt.Sprintf("agent policy: %v, %v", a, err))
 	}
-	if v, found, err := tx.Counter(ctx, c.DispatchID, c.Kind, c.Target, c.ArgsHash); err != nil || found {
+	if v, found, err := tx.Counter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash); err != nil || found {
 		wrong = append(wrong, fmt.Sprintf("deleted counter: %d %v %v", v, found, err))
 	}
 	if d, err := tx.Dispatch(ctx, p.dispatches[0].ID); err != nil || d.Status != wire.DispatchRetired {
@@ -1862,7 +1867,7 @@ func rollbackWorld(t *testing.T, s store.Store) (n, p graph, w world) {
 	rows := append(p.rows(), q, events("exec-q", 1, 2), fullAgent("golf"), fullAgent("india"))
 	write(t, s, rows...)
 	w = n.world().merge(p.world()).merge(world{executions: []string{"exec-q"}})
-	w.counters = append(w.counters, counterKey{"exec-p-d1", wire.KindToolCall, "new", "new"})
+	w.counters = append(w.counters, counterKey{"exec-p", "exec-p-d1", wire.KindToolCall, "new", "new"})
 	return n, p, w
 }
 
