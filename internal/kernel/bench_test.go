@@ -67,8 +67,12 @@ func BenchmarkFork10000(b *testing.B) {
 
 // benchExecution opens a store at path with a kernel on it, and an execution
 // of agent "a" whose first dispatch is claimed.
-func benchExecution(b *testing.B, path string) (*Kernel, *sqlite.Store, *store.Execution, DispatchHeaders) {
-	st, err := sqlite.Open(sqlite.Options{Path: path})
+func benchExecution(b testing.TB, path string) (*Kernel, *sqlite.Store, *store.Execution, DispatchHeaders) {
+	return benchExecutionOn(b, sqlite.Options{Path: path})
+}
+
+func benchExecutionOn(b testing.TB, opt sqlite.Options) (*Kernel, *sqlite.Store, *store.Execution, DispatchHeaders) {
+	st, err := sqlite.Open(opt)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -56,6 +56,12 @@ type Options struct {
 	Path     string
 	Observer Observer
 	Logger   *slog.Logger
+	// CheckpointEvery is how often the background checkpointer copies the
+	// write-ahead log into the database while there are writes; 0 means the
+	// default (500 ms). A negative value turns it off and leaves checkpoints
+	// to the writer at walSafetyPages, so that tests can count the pages
+	// commits write from the log's growth.
+	CheckpointEvery time.Duration
 }
 
 // Store is the SQLite implementation of store.Store.
@@ -152,7 +158,11 @@ func Open(opt Options) (*Store, error) {
 	}
 	s.ckpt.SetMaxOpenConns(1)
 	s.checkpointed = make(chan struct{})
-	go s.checkpointer(s.ckpt)
+	every := opt.CheckpointEvery
+	if every == 0 {
+		every = checkpointEvery
+	}
+	go s.checkpointer(s.ckpt, every)
 
 	conn, err := s.write.Conn(context.Background())
 	if err != nil {
@@ -389,9 +399,13 @@ func (s *Store) runBatch(ctx context.Context, q *stmtCache, batch []*job) {
 // a commit, holding every caller of that batch; checkpointing on a timer also
 // copies a page rewritten by many commits once instead of once per 1,000
 // frames.
-func (s *Store) checkpointer(db *sql.DB) {
+func (s *Store) checkpointer(db *sql.DB, every time.Duration) {
 	defer close(s.checkpointed)
-	t := time.NewTicker(checkpointEvery)
+	if every < 0 {
+		<-s.stop
+		return
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

@@ -1,0 +1,76 @@
+package kernel
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/store/sqlite"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// maxPagesPerStep bounds the pages a step's two commits write. Every page is
+// a WAL frame that a durable commit writes and then waits for (about 0.02 ms
+// each on the reference VM, see docs/performance.md), so an index or a
+// column layout that adds pages to every step shows up here before it shows
+// up in P1. Measured at about 16.3 when this was written; raise the bound
+// only knowingly.
+const maxPagesPerStep = 17.0
+
+// walFrame is the size of a WAL frame: a 24-byte header and a 4 KiB page.
+const walFrame = 24 + 4096
+
+// TestPagesPerStep counts, from the growth of the write-ahead log with
+// checkpoints off, the pages that a new step's submit and complete write.
+func TestPagesPerStep(t *testing.T) {
+	const steps = 300
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "pages.db")
+	k, _, e, h := benchExecutionOn(t, sqlite.Options{Path: path, CheckpointEvery: -1})
+	walSize := func() int64 {
+		t.Helper()
+		st, err := os.Stat(path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	step := func(i int) {
+		raw := fmt.Appendf(nil, `{"q":%d}`, i)
+		v, _ := jsonx.Parse(raw, 128)
+		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
+		if err != nil || d.Decision != wire.DecisionProceed {
+			t.Fatal(err, d)
+		}
+		out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, e.ID, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
+		if err != nil || out.Decision != wire.DecisionRecorded {
+			t.Fatal(err, out)
+		}
+	}
+	// A few steps first, so that the log has its header and the B-trees
+	// their first pages.
+	for i := range 20 {
+		step(i)
+	}
+	before := walSize()
+	for i := range steps {
+		step(20 + i)
+	}
+	grown := walSize() - before
+	if grown%walFrame != 0 {
+		t.Fatalf("the log grew by %d bytes, not a whole number of %d-byte frames: was it checkpointed?", grown, walFrame)
+	}
+	perStep := float64(grown/walFrame) / steps
+	t.Logf("%.2f pages per step (%d frames over %d steps)", perStep, grown/walFrame, steps)
+	// A step writes at least its row, its events and the execution's row in
+	// each commit; less means the log was reset and reused while counting.
+	if perStep < 6 {
+		t.Fatalf("%.2f pages per step is too few to be a count: was the log checkpointed?", perStep)
+	}
+	if perStep > maxPagesPerStep {
+		t.Errorf("a step writes %.2f pages, more than %.0f", perStep, maxPagesPerStep)
+	}
+}
