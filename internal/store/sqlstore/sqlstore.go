@@ -250,20 +250,18 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 }
 
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
+	const rest = ` failure_reason = ?, updated_at = ?, resource_keys = ?, dispatch_id = ?,
+ last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`
+	args := []any{e.FailureReason, ts(e.UpdatedAt), encodeList(e.ResourceKeys), e.DispatchID,
+		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID}
 	if t.statusOf == e.ID && t.status == e.Status {
-		return t.exec(ctx, `UPDATE executions SET failure_reason = ?, updated_at = ?,
- resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
-			e.FailureReason, ts(e.UpdatedAt),
-			encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
+		return t.exec(ctx, `UPDATE executions SET`+rest, args...)
 	}
-	err := t.exec(ctx, `UPDATE executions SET status = ?, failure_reason = ?, updated_at = ?,
- resource_keys = ?, dispatch_id = ?, last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`,
-		e.Status, e.FailureReason, ts(e.UpdatedAt),
-		encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID)
-	if err == nil {
-		t.statusOf, t.status = e.ID, e.Status
+	if err := t.exec(ctx, `UPDATE executions SET status = ?,`+rest, append([]any{e.Status}, args...)...); err != nil {
+		return err
 	}
-	return err
+	t.statusOf, t.status = e.ID, e.Status
+	return nil
 }
 
 // ExecutionHead is Queries.ExecutionHead, remembering the status it read.
