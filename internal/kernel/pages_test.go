@@ -12,13 +12,14 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// maxPagesPerStep bounds the pages a step's two commits write. Every page is
-// a WAL frame that a durable commit writes and then waits for (about 0.02 ms
-// each on the reference VM, see docs/performance.md), so an index or a
-// column layout that adds pages to every step shows up here before it shows
-// up in P1. Measured at about 16.3 when this was written; raise the bound
-// only knowingly.
-const maxPagesPerStep = 17.0
+// maxPagesPerStep bounds the pages a step's two commits write, by kind.
+// Every page is a WAL frame that a durable commit writes and then waits for
+// (about 0.02 ms each on the reference VM, see docs/performance.md), so an
+// index or a column layout that adds pages to every step shows up here
+// before it shows up in P1. Measured at 15.8–16.0 for tool calls and
+// 13.97–13.98 for LLM calls (which the index of executing writers leaves out)
+// when this was written; raise a bound only knowingly.
+var maxPagesPerStep = map[string]float64{wire.KindToolCall: 17, wire.KindLLMCall: 15}
 
 // walFrame is the size of a WAL frame: a 24-byte header and a 4 KiB page.
 const walFrame = 24 + 4096
@@ -26,6 +27,12 @@ const walFrame = 24 + 4096
 // TestPagesPerStep counts, from the growth of the write-ahead log with
 // checkpoints off, the pages that a new step's submit and complete write.
 func TestPagesPerStep(t *testing.T) {
+	for kind, bound := range maxPagesPerStep {
+		t.Run(kind, func(t *testing.T) { testPagesPerStep(t, kind, bound) })
+	}
+}
+
+func testPagesPerStep(t *testing.T, kind string, bound float64) {
 	const steps = 300
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "pages.db")
@@ -41,7 +48,7 @@ func TestPagesPerStep(t *testing.T) {
 	step := func(i int) {
 		raw := fmt.Appendf(nil, `{"q":%d}`, i)
 		v, _ := jsonx.Parse(raw, 128)
-		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
+		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: kind, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
 		if err != nil || d.Decision != wire.DecisionProceed {
 			t.Fatal(err, d)
 		}
@@ -70,7 +77,7 @@ func TestPagesPerStep(t *testing.T) {
 	if perStep < 6 {
 		t.Fatalf("%.2f pages per step is too few to be a count: was the log checkpointed?", perStep)
 	}
-	if perStep > maxPagesPerStep {
-		t.Errorf("a step writes %.2f pages, more than %.0f", perStep, maxPagesPerStep)
+	if perStep > bound {
+		t.Errorf("a step writes %.2f pages, more than %.0f", perStep, bound)
 	}
 }

@@ -357,7 +357,8 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 
 // writers are the tool and local steps executing under the execution's
 // current attempt (§3.3), except the step being recorded. An orphan of a
-// reclaimed or superseded attempt is not one: it is fenced.
+// reclaimed or superseded attempt is not one: it is fenced. (LLM calls never
+// are: ExecutingSteps leaves them out.)
 func (o *op) writers(recording *store.Step) ([]*store.Step, error) {
 	if o.e.DispatchID == "" {
 		return nil, nil
@@ -372,7 +373,7 @@ func (o *op) writers(recording *store.Step) ([]*store.Step, error) {
 	}
 	var out []*store.Step
 	for _, s := range executing {
-		if s.Kind == wire.KindLLMCall || s.DispatchID != d.ID || s.Attempt != d.Attempt {
+		if s.DispatchID != d.ID || s.Attempt != d.Attempt {
 			continue
 		}
 		if recording != nil && s.StepID == recording.StepID {

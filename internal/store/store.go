@@ -103,8 +103,10 @@ type Reader interface {
 	Checkpoints(ctx context.Context, executionID string) ([]*Checkpoint, error)
 	// CheckpointAt is the newest checkpoint of key with covered_seq <= seq.
 	CheckpointAt(ctx context.Context, executionID, key string, seq int64) (*Checkpoint, error)
-	// ExecutingSteps lists the execution's steps in status executing,
-	// through an index on exactly those rows.
+	// ExecutingSteps lists the execution's tool and local steps in status
+	// executing, in recording order, through an index on exactly those rows.
+	// LLM calls are left out: they never change a resource (§3.3), and they
+	// are too many to maintain an index entry for twice each.
 	ExecutingSteps(ctx context.Context, executionID string) ([]*Step, error)
 	// CopyRefs lists the steps whose bodies the execution's copied steps
 	// share (execution id, step id), for retention.

@@ -98,6 +98,10 @@ func (dialect) Rebind(q string) string   { return q }
 func (dialect) LockSuffix() string       { return "" }
 func (dialect) SkipLockedSuffix() string { return "" }
 
+// IndexedBy uses SQLite's own clause, which also refuses to prepare a query
+// that cannot use the index: a mistake shows up as an error, not as a scan.
+func (dialect) IndexedBy(index string) string { return " INDEXED BY " + index }
+
 // Open opens (creating if needed) the database and starts the writer.
 func Open(opt Options) (*Store, error) {
 	s := &Store{jobs: make(chan *job, 4*MaxBatch), stop: make(chan struct{}), stopped: make(chan struct{}),
@@ -477,11 +481,18 @@ func newStmtCache(prepare func(ctx context.Context, query string) (*sql.Stmt, er
 	return &stmtCache{prepare: prepare, direct: direct, stmts: map[string]*sql.Stmt{}}
 }
 
+// preparedHook, when set (by tests), sees every query the store prepares
+// or runs for the first time.
+var preparedHook func(query string)
+
 func (c *stmtCache) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st, ok := c.stmts[query]; ok {
 		return st, nil
+	}
+	if preparedHook != nil {
+		preparedHook(query)
 	}
 	if len(c.stmts) >= maxCached {
 		return nil, nil

@@ -79,5 +79,9 @@ func (t *Tx) InvalidateCheckpoints(ctx context.Context, executionID, key string,
 }
 
 func (q *Queries) ExecutingSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
-	return list(ctx, q, scanStep, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status = 'executing' ORDER BY s.step_order`, executionID)
+	// The WHERE repeats the partial index's own, which makes it usable; the
+	// hint keeps SQLite from walking steps_by_order through every step of
+	// the execution for the sake of the ORDER BY.
+	return list(ctx, q, scanStep, `SELECT `+stepCols+` FROM steps s`+q.D.IndexedBy("steps_writing")+stepJoin+`
+ WHERE s.execution_id = ? AND s.status = 'executing' AND s.kind <> 'llm_call' ORDER BY s.step_order`, executionID)
 }

@@ -36,6 +36,10 @@ type Dialect interface {
 	LockSuffix() string
 	// SkipLockedSuffix is appended to scheduling reads in write transactions.
 	SkipLockedSuffix() string
+	// IndexedBy follows a table name to make a query use the named index,
+	// where a planner without statistics would pick one that reads rows in
+	// proportion to the history; "" where the backend needs no hint.
+	IndexedBy(index string) string
 }
 
 // Queries implements store.Reader over a Querier.
@@ -149,8 +153,13 @@ func notFound(err error) error {
 	return err
 }
 
-// nonTerminalList is the SQL list of live execution statuses.
-var nonTerminalList = "'" + wire.ExecPending + "','" + wire.ExecRunning + "','" + wire.ExecBlocked + "'"
+// nonTerminalList and terminalList are the SQL lists of live and of
+// finished execution statuses, written as the schema's partial indexes
+// write them.
+var (
+	nonTerminalList = "'" + wire.ExecPending + "','" + wire.ExecRunning + "','" + wire.ExecBlocked + "'"
+	terminalList    = "'" + wire.ExecCompleted + "','" + wire.ExecFailed + "','" + wire.ExecCancelled + "'"
+)
 
 // ---- executions ----
 
@@ -331,9 +340,11 @@ func (t *Tx) DeleteExecution(ctx context.Context, id string) error {
 }
 
 // sharedBodiesKept deletes an execution's step rows except those whose
-// bodies a fork's copy still shares.
+// bodies a fork's copy still shares. The subquery repeats the partial index's
+// condition (a non-empty body_execution_id), without which SQLite cannot use
+// steps_by_body and reads every step of every execution.
 const sharedBodiesKept = `DELETE FROM steps WHERE execution_id = ? AND step_id NOT IN
- (SELECT body_step_id FROM steps WHERE body_execution_id = ?)`
+ (SELECT body_step_id FROM steps WHERE body_execution_id = ? AND body_execution_id <> '')`
 
 func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string, error) {
 	return list(ctx, q, func(s scanner) ([2]string, error) {
@@ -488,7 +499,10 @@ const stepCols = `s.execution_id, s.step_id, s.step_order, s.kind, s.target, s.a
  s.error_reason, s.resources, s.started_at, s.completed_at, s.dispatch_id, s.attempt, s.terminal_seq,
  s.start_info, s.body_execution_id, s.body_step_id`
 
-const stepFrom = ` FROM steps s LEFT JOIN steps b ON s.body_step_id <> '' AND b.execution_id = s.body_execution_id AND b.step_id = s.body_step_id`
+const stepFrom = ` FROM steps s` + stepJoin
+
+// stepJoin finds the row holding a copied step's bodies.
+const stepJoin = ` LEFT JOIN steps b ON s.body_step_id <> '' AND b.execution_id = s.body_execution_id AND b.step_id = s.body_step_id`
 
 const stepInsertCols = `execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency,
  args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq,
@@ -884,14 +898,21 @@ func (q *Queries) stringCol(ctx context.Context, query string, args ...any) ([]s
 	}, query, args...)
 }
 
+// The deadline and retention reads go through the partial indexes made for
+// them (executions_live_deadline, executions_terminal_age). Their WHERE
+// repeats the index's own, literals included, which is what makes the index
+// usable; the hint keeps SQLite from preferring executions_by_status, which
+// would read every live (or every finished) execution and sort them.
+
 func (q *Queries) DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
-	return q.stringCol(ctx, `SELECT id FROM executions WHERE deadline_at > 0 AND deadline_at <= ? AND status IN (`+nonTerminalList+`)
- ORDER BY deadline_at LIMIT ?`, ts(now), limit)
+	return q.stringCol(ctx, `SELECT id FROM executions`+q.D.IndexedBy("executions_live_deadline")+`
+ WHERE deadline_at > 0 AND deadline_at <= ? AND status IN (`+nonTerminalList+`) ORDER BY deadline_at LIMIT ?`, ts(now), limit)
 }
 
 func (q *Queries) NextDeadline(ctx context.Context) (time.Time, error) {
 	var v sql.NullInt64
-	err := q.row(ctx, `SELECT MIN(deadline_at) FROM executions WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`).Scan(&v)
+	err := q.row(ctx, `SELECT MIN(deadline_at) FROM executions`+q.D.IndexedBy("executions_live_deadline")+`
+ WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`).Scan(&v)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -899,6 +920,6 @@ func (q *Queries) NextDeadline(ctx context.Context) (time.Time, error) {
 }
 
 func (q *Queries) RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error) {
-	return q.stringCol(ctx, `SELECT id FROM executions WHERE status IN (?, ?, ?) AND updated_at < ? ORDER BY updated_at LIMIT ?`,
-		wire.ExecCompleted, wire.ExecFailed, wire.ExecCancelled, ts(updatedBefore), limit)
+	return q.stringCol(ctx, `SELECT id FROM executions`+q.D.IndexedBy("executions_terminal_age")+`
+ WHERE status IN (`+terminalList+`) AND updated_at < ? ORDER BY updated_at LIMIT ?`, ts(updatedBefore), limit)
 }

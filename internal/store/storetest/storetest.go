@@ -2670,7 +2670,11 @@ func testExecutingSteps(t *testing.T, s store.Store) {
 	s5 := simpleStep("exec-y", "y-s5", 1, wire.StepExecuting)
 	write(t, s, []*store.Step{s3, s1, s2, s4, s5})
 	r := s.Read()
-	sameList(t, "executing steps in recording order", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s1, s3})
+	s6 := simpleStep("exec-x", "x-s6", 6, wire.StepExecuting)
+	s6.Kind = wire.KindLocal
+	write(t, s, []*store.Step{s6})
+	// The LLM call s3 is executing too, but never writes a resource.
+	sameList(t, "executing steps in recording order", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s1, s6})
 	sameList(t, "another execution's executing steps", val(r.ExecutingSteps(ctx, "exec-y")).get(t, "ExecutingSteps"), []*store.Step{s5})
 	if l := val(r.ExecutingSteps(ctx, "exec-none")).get(t, "ExecutingSteps"); len(l) != 0 {
 		t.Errorf("executing steps of an execution without any: %d", len(l))
@@ -2686,8 +2690,8 @@ func testExecutingSteps(t *testing.T, s store.Store) {
 		inTx, err = tx.ExecutingSteps(ctx, "exec-x")
 		return err
 	})
-	sameList(t, "executing steps in the transaction that finished one", inTx, []*store.Step{s3})
-	sameList(t, "executing steps after one finished", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s3})
+	sameList(t, "executing steps in the transaction that finished one", inTx, []*store.Step{s6})
+	sameList(t, "executing steps after one finished", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s6})
 }
 
 // copyOf is a fork's copy of st in execution forkID: a narrow row that names
