@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -65,6 +64,7 @@ func TestQueriesUseIndexes(t *testing.T) {
 		"WHERE body_execution_id = ?": "steps_by_body",
 	}
 	found := map[string]bool{}
+	verbose := os.Getenv("REBUNO_PRINT_PLANS") != ""
 
 	queries := make([]string, 0, len(seen))
 	for q := range seen {
@@ -86,8 +86,8 @@ func TestQueriesUseIndexes(t *testing.T) {
 			t.Errorf("explain %q: %v", q, err)
 			continue
 		}
-		if os.Getenv("PRINT_PLANS") != "" {
-			fmt.Printf("%s\n  -> %s\n", strings.Join(strings.Fields(q), " ")[:min(200, len(strings.Join(strings.Fields(q), " ")))], strings.Join(plan, " | "))
+		if verbose { // REBUNO_PRINT_PLANS=1 go test -run TestQueriesUseIndexes -v ./internal/store/sqlite
+			t.Logf("%s\n  -> %s", strings.Join(strings.Fields(q), " "), strings.Join(plan, " | "))
 		}
 		for frag, index := range required {
 			if strings.Contains(q, frag) {
