@@ -62,6 +62,7 @@ func TestQueriesUseIndexes(t *testing.T) {
 		"MIN(deadline_at)":            "executions_live_deadline",
 		"AND updated_at < ?":          "executions_terminal_age",
 		"WHERE body_execution_id = ?": "steps_by_body",
+		"AND agent_id = ? LIMIT 1":    "executions_by_status",
 	}
 	found := map[string]bool{}
 	verbose := os.Getenv("REBUNO_PRINT_PLANS") != ""

@@ -814,7 +814,10 @@ func (q *Queries) ListAgents(ctx context.Context) ([]*store.Agent, error) {
 
 func (q *Queries) AgentHasLiveExecutions(ctx context.Context, agentID string) (bool, error) {
 	var one int
-	err := q.row(ctx, `SELECT 1 FROM executions WHERE agent_id = ? AND status IN (`+nonTerminalList+`) LIMIT 1`, agentID).Scan(&one)
+	// Through the live executions, which are few, rather than through all of
+	// the agent's, which grow with its history.
+	err := q.row(ctx, `SELECT 1 FROM executions`+q.D.IndexedBy("executions_by_status")+`
+ WHERE status IN (`+nonTerminalList+`) AND agent_id = ? LIMIT 1`, agentID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
