@@ -26,7 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	moderncsqlite "modernc.org/sqlite" // also registers the "sqlite" driver
 
 	"github.com/rebuno/rebuno/internal/store"
 	"github.com/rebuno/rebuno/internal/store/sqlstore"
@@ -39,6 +39,14 @@ const (
 	checkpointEvery = 500 * time.Millisecond
 	walSafetyPages  = 16384
 )
+
+// largeCommitPages is the size of a commit (pages it wrote to the WAL) after
+// which the checkpointer runs at once rather than at its next tick. A fork of
+// a long history writes thousands of pages in one commit; copied into the
+// database on the next tick, they would share the core with whatever request
+// came next (often the next fork). Commits of steps write tens of pages, and
+// a busy group commit a few hundred, so only such bulk writes trigger it.
+const largeCommitPages = 1024
 
 // MaxBatch bounds how many transactions share one commit, so that one commit
 // never holds the first caller for long.
@@ -82,6 +90,8 @@ type Store struct {
 	ckpt         *sql.DB
 	wrote        atomic.Bool
 	checkpointed chan struct{}
+	soon         chan struct{} // a large commit asks for a checkpoint now
+	soonAsked    atomic.Int64  // how many times (for tests)
 }
 
 type job struct {
@@ -162,6 +172,7 @@ func Open(opt Options) (*Store, error) {
 	}
 	s.ckpt.SetMaxOpenConns(1)
 	s.checkpointed = make(chan struct{})
+	s.soon = make(chan struct{}, 1)
 	every := opt.CheckpointEvery
 	if every == 0 {
 		every = checkpointEvery
@@ -317,11 +328,11 @@ func (s *Store) writer(conn *sql.Conn) {
 				break drain
 			}
 		}
-		s.runBatch(ctx, q, batch)
+		s.runBatch(ctx, conn, q, batch)
 	}
 }
 
-func (s *Store) runBatch(ctx context.Context, q *stmtCache, batch []*job) {
+func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batch []*job) {
 	start := time.Now()
 	fail := func(err error) {
 		for _, j := range batch {
@@ -386,6 +397,13 @@ func (s *Store) runBatch(ctx context.Context, q *stmtCache, batch []*job) {
 	}
 	if committed > 0 {
 		s.wrote.Store(true)
+		if walPagesWritten(conn) >= largeCommitPages {
+			s.soonAsked.Add(1)
+			select {
+			case s.soon <- struct{}{}:
+			default: // one is pending already
+			}
+		}
 	}
 	if s.obs != nil {
 		s.obs.ObserveCommit(len(batch), time.Since(start))
@@ -415,15 +433,33 @@ func (s *Store) checkpointer(db *sql.DB, every time.Duration) {
 		select {
 		case <-s.stop:
 			return
+		case <-s.soon:
+			s.wrote.Store(false)
 		case <-t.C:
 			if !s.wrote.Swap(false) {
 				continue
 			}
-			if _, err := db.Exec("PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
-				s.log.Warn("checkpoint failed", "error", err)
-			}
+		}
+		if _, err := db.Exec("PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+			s.log.Warn("checkpoint failed", "error", err)
+		}
+		if checkpointHook != nil {
+			checkpointHook()
 		}
 	}
+}
+
+// walPagesWritten is how many pages the connection has written to the WAL
+// since the last call: SQLite's own count, so nothing is measured twice.
+func walPagesWritten(conn *sql.Conn) int {
+	n := 0
+	_ = conn.Raw(func(dc any) error {
+		if st, ok := dc.(moderncsqlite.DBStatus); ok {
+			n, _, _ = st.Status(moderncsqlite.DBStatusCacheWrite, true)
+		}
+		return nil
+	})
+	return n
 }
 
 // runUnit runs one caller's function, turning a panic into an error so that a
@@ -480,6 +516,9 @@ type preparer interface {
 func newStmtCache(prepare func(ctx context.Context, query string) (*sql.Stmt, error), direct preparer) *stmtCache {
 	return &stmtCache{prepare: prepare, direct: direct, stmts: map[string]*sql.Stmt{}}
 }
+
+// checkpointHook, when set (by tests), runs after each background checkpoint.
+var checkpointHook func()
 
 // preparedHook, when set (by tests), sees every query the store prepares
 // or runs for the first time.

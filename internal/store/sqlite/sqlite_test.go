@@ -562,3 +562,51 @@ func BenchmarkGroupCommit(b *testing.B) {
 		})
 	}
 }
+
+// TestLargeCommitCheckpointsAtOnce: a commit that writes more than
+// largeCommitPages pages has the checkpointer run at once, without waiting
+// for its tick (an hour here); a step-sized commit does not.
+func TestLargeCommitCheckpointsAtOnce(t *testing.T) {
+	checkpointed := make(chan struct{}, 16)
+	checkpointHook = func() { checkpointed <- struct{}{} }
+	path := filepath.Join(t.TempDir(), "rebuno.db")
+	s, err := Open(Options{Path: path, Logger: quietLogger(), CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		checkpointHook = nil
+	})
+	ctx := t.Context()
+	write := func(events int) {
+		t.Helper()
+		evs := make([]*store.Event, events)
+		for i := range evs {
+			evs[i] = &store.Event{ExecutionID: "e", Seq: int64(i + 1), Type: "step.proposed",
+				Payload: []byte(`{"pad":"` + strings.Repeat("x", 2000) + `"}`), OccurredAt: time.Unix(1, 0)}
+		}
+		if err := s.Update(ctx, "e", func(ctx context.Context, tx store.Tx) error {
+			if err := tx.DeleteExecution(ctx, "e"); err != nil {
+				return err
+			}
+			return tx.AppendEvents(ctx, evs)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	write(4) // a few pages
+	if n := s.soonAsked.Load(); n != 0 {
+		t.Fatalf("a small commit asked for %d checkpoints", n)
+	}
+	write(4000) // about 8 MB: thousands of pages
+	if n := s.soonAsked.Load(); n != 1 {
+		t.Fatalf("a large commit asked for %d checkpoints, want 1", n)
+	}
+	select {
+	case <-checkpointed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no checkpoint ran after the large commit")
+	}
+}
