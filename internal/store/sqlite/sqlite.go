@@ -70,6 +70,9 @@ type Options struct {
 	// to the writer at walSafetyPages, so that tests can count the pages
 	// commits write from the log's growth.
 	CheckpointEvery time.Duration
+	// NoRowCache makes the writer read execution and dispatch rows from SQL
+	// every time (for measurements and tests of the cache).
+	NoRowCache bool
 }
 
 // Store is the SQLite implementation of store.Store.
@@ -92,6 +95,12 @@ type Store struct {
 	checkpointed chan struct{}
 	soon         chan struct{} // a large commit asks for a checkpoint now
 	soonAsked    atomic.Int64  // how many times (for tests)
+
+	// rows caches execution heads and dispatches for the writer's
+	// transactions (nil when turned off); dataVersion is SQLite's count of
+	// other connections' commits when the writer last looked.
+	rows        *sqlstore.RowCache
+	dataVersion int64
 }
 
 type job struct {
@@ -116,6 +125,9 @@ func (dialect) IndexedBy(index string) string { return " INDEXED BY " + index }
 func Open(opt Options) (*Store, error) {
 	s := &Store{jobs: make(chan *job, 4*MaxBatch), stop: make(chan struct{}), stopped: make(chan struct{}),
 		obs: opt.Observer, log: opt.Logger, Durable: true}
+	if !opt.NoRowCache {
+		s.rows = sqlstore.NewRowCache()
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -334,7 +346,8 @@ func (s *Store) writer(conn *sql.Conn) {
 
 func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batch []*job) {
 	start := time.Now()
-	fail := func(err error) {
+	fail := func(err error) { // the whole transaction is rolled back
+		s.forgetRows()
 		for _, j := range batch {
 			if j.err == nil {
 				j.err = err
@@ -343,6 +356,11 @@ func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batc
 		}
 	}
 	if _, err := q.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		fail(fmt.Errorf("%w: begin: %v", store.ErrUnavailable, err))
+		return
+	}
+	if err := s.checkRowCache(ctx, q); err != nil {
+		q.ExecContext(ctx, "ROLLBACK")
 		fail(fmt.Errorf("%w: begin: %v", store.ErrUnavailable, err))
 		return
 	}
@@ -362,8 +380,11 @@ func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batc
 				return
 			}
 		}
-		tx := sqlstore.NewTx(q, dialect{})
+		tx := sqlstore.NewCachedTx(q, dialect{}, s.rows)
 		err := runUnit(ctx, j.fn, tx)
+		if err != nil {
+			s.forgetRows() // its writes are undone
+		}
 		switch {
 		case err != nil && alone:
 			j.err = err
@@ -413,6 +434,30 @@ func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batc
 			j.tx.Committed()
 		}
 		j.done <- j.err
+	}
+}
+
+// checkRowCache clears the row cache when another connection has
+// committed since the writer last looked: only the writer writes rows, but a
+// second process opened on the same file would.
+func (s *Store) checkRowCache(ctx context.Context, q *stmtCache) error {
+	if s.rows == nil {
+		return nil
+	}
+	var v int64
+	if err := q.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v); err != nil {
+		return err
+	}
+	if v != s.dataVersion {
+		s.rows.Clear()
+		s.dataVersion = v
+	}
+	return nil
+}
+
+func (s *Store) forgetRows() {
+	if s.rows != nil {
+		s.rows.Clear()
 	}
 }
 

@@ -58,10 +58,29 @@ type Tx struct {
 	// even to the value it had, and that page would be one more WAL frame in
 	// the commit of every step.
 	statusOf, status string
+	// cache, when the backend keeps one, answers the reads of execution
+	// heads and dispatches and follows the writes of them.
+	cache *RowCache
 }
 
 // NewTx returns a Tx writing through q.
 func NewTx(q Querier, d Dialect) *Tx { return &Tx{Queries: Queries{Q: q, D: d}} }
+
+// NewCachedTx returns a Tx writing through q that reads and maintains c
+// (see RowCache for who may use one).
+func NewCachedTx(q Querier, d Dialect, c *RowCache) *Tx {
+	return &Tx{Queries: Queries{Q: q, D: d}, cache: c}
+}
+
+// exec runs a write. One that may change cached rows in a way the cache does
+// not follow clears it: the methods that keep it exact write through
+// t.Queries.exec instead.
+func (t *Tx) exec(ctx context.Context, query string, args ...any) error {
+	if t.cache != nil && touches(query) {
+		t.cache.Clear()
+	}
+	return t.Queries.exec(ctx, query, args...)
+}
 
 // AfterCommit implements store.Tx.
 func (t *Tx) AfterCommit(f func()) { t.after = append(t.after, f) }
@@ -243,7 +262,10 @@ func (q *Queries) ListExecutions(ctx context.Context, f store.ExecutionFilter) (
 }
 
 func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
-	err := t.exec(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
+	if t.cache != nil {
+		delete(t.cache.executions, e.ID) // read back when next needed
+	}
+	err := t.Queries.exec(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
  created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
  forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count)
  VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -263,32 +285,70 @@ func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
  last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`
 	args := []any{e.FailureReason, ts(e.UpdatedAt), encodeList(e.ResourceKeys), e.DispatchID,
 		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID}
+	var err error
 	if t.statusOf == e.ID && t.status == e.Status {
-		return t.exec(ctx, `UPDATE executions SET`+rest, args...)
+		err = t.Queries.exec(ctx, `UPDATE executions SET`+rest, args...)
+	} else {
+		err = t.Queries.exec(ctx, `UPDATE executions SET status = ?,`+rest, append([]any{e.Status}, args...)...)
 	}
-	if err := t.exec(ctx, `UPDATE executions SET status = ?,`+rest, append([]any{e.Status}, args...)...); err != nil {
+	if err != nil {
+		if t.cache != nil {
+			delete(t.cache.executions, e.ID)
+		}
 		return err
 	}
 	t.statusOf, t.status = e.ID, e.Status
+	if t.cache != nil {
+		t.cache.updatedExecution(e)
+	}
 	return nil
 }
 
-// ExecutionHead is Queries.ExecutionHead, remembering the status it read.
+// ExecutionHead is Queries.ExecutionHead, answered by the cache when the
+// backend keeps one, remembering the status it read.
 func (t *Tx) ExecutionHead(ctx context.Context, id string) (*store.Execution, error) {
+	if t.cache != nil {
+		if e, ok := t.cache.execution(id); ok {
+			t.statusOf, t.status = e.ID, e.Status
+			return e, nil
+		}
+	}
 	e, err := t.Queries.ExecutionHead(ctx, id)
 	if err == nil {
 		t.statusOf, t.status = e.ID, e.Status
+		if t.cache != nil {
+			t.cache.keepExecution(e)
+		}
 	}
 	return e, err
 }
 
-// Execution is Queries.Execution, remembering the status it read.
+// Execution is Queries.Execution, remembering the status it read (and the
+// head, when the backend keeps a cache).
 func (t *Tx) Execution(ctx context.Context, id string) (*store.Execution, error) {
 	e, err := t.Queries.Execution(ctx, id)
 	if err == nil {
 		t.statusOf, t.status = e.ID, e.Status
+		if t.cache != nil {
+			t.cache.keepExecution(e)
+		}
 	}
 	return e, err
+}
+
+// Dispatch is Queries.Dispatch, answered by the cache when the backend keeps
+// one.
+func (t *Tx) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
+	if t.cache != nil {
+		if d, ok := t.cache.dispatch(id); ok {
+			return d, nil
+		}
+	}
+	d, err := t.Queries.Dispatch(ctx, id)
+	if err == nil && t.cache != nil {
+		t.cache.keepDispatch(d)
+	}
+	return d, err
 }
 
 func (t *Tx) SetExecutionResult(ctx context.Context, id string, output, state []byte) error {
@@ -701,20 +761,29 @@ func (q *Queries) Dispatch(ctx context.Context, id string) (*store.Dispatch, err
 }
 
 func (t *Tx) InsertDispatch(ctx context.Context, d *store.Dispatch) error {
-	return t.exec(ctx, `INSERT INTO dispatches (`+dispatchCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if t.cache != nil {
+		delete(t.cache.dispatches, d.ID) // read back when next needed
+	}
+	return t.Queries.exec(ctx, `INSERT INTO dispatches (`+dispatchCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
 		d.ID, d.ExecutionID, d.Status, d.Attempt, d.MaxAttempts, d.ProgressAttempt, d.LeaseTimeout,
 		ts(d.NextAttemptAt), ts(d.LeaseExpiresAt), d.ClaimedBy, ts(d.CreatedAt), ts(d.UpdatedAt))
 }
 
 func (t *Tx) UpdateDispatch(ctx context.Context, d *store.Dispatch) error {
-	return t.exec(ctx, `UPDATE dispatches SET status = ?, attempt = ?, progress_attempt = ?, lease_timeout = ?,
+	if t.cache != nil {
+		delete(t.cache.dispatches, d.ID) // read back when next needed
+	}
+	return t.Queries.exec(ctx, `UPDATE dispatches SET status = ?, attempt = ?, progress_attempt = ?, lease_timeout = ?,
  next_attempt_at = ?, lease_expires_at = ?, claimed_by = ?, updated_at = ? WHERE id = ?`,
 		d.Status, d.Attempt, d.ProgressAttempt, d.LeaseTimeout, ts(d.NextAttemptAt), ts(d.LeaseExpiresAt),
 		d.ClaimedBy, ts(d.UpdatedAt), d.ID)
 }
 
 func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, now time.Time) error {
-	return t.exec(ctx, `UPDATE dispatches SET status = ?, updated_at = ? WHERE execution_id = ? AND id <> ? AND status <> ?`,
+	if t.cache != nil {
+		t.cache.retired(executionID, keepID)
+	}
+	return t.Queries.exec(ctx, `UPDATE dispatches SET status = ?, updated_at = ? WHERE execution_id = ? AND id <> ? AND status <> ?`,
 		wire.DispatchRetired, ts(now), executionID, keepID, wire.DispatchRetired)
 }
 

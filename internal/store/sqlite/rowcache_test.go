@@ -1,0 +1,206 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/store/sqlstore"
+	"github.com/rebuno/rebuno/internal/wire"
+)
+
+// TestRowCache drives the writes the writer's row cache follows, drops or
+// cannot see, and after each compares what a transaction reads through the
+// cache with the row as SQL returns it, and with what the writes left.
+func TestRowCache(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rebuno.db")
+	s := openAt(t, path, nil)
+	ctx := t.Context()
+	const id, did, other = "exec-cached", "disp-cached", "disp-newer"
+	update := func(fn func(tx *sqlstore.Tx) error) error {
+		return s.Update(ctx, id, func(ctx context.Context, tx store.Tx) error { return fn(tx.(*sqlstore.Tx)) })
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// read returns the execution and dispatch as a transaction reads them,
+	// after checking that they equal SQL's rows; hit says whether the cache
+	// held the execution when the transaction began.
+	read := func(step string) (e *store.Execution, d *store.Dispatch, hit bool) {
+		t.Helper()
+		must(update(func(tx *sqlstore.Tx) error {
+			hit = s.rows.Holds(id)
+			var err error
+			if e, err = tx.ExecutionHead(ctx, id); err != nil {
+				return err
+			}
+			if d, err = tx.Dispatch(ctx, did); err != nil {
+				return err
+			}
+			fromSQL, err := tx.Queries.ExecutionHead(ctx, id)
+			if err != nil {
+				return err
+			}
+			dispatchSQL, err := tx.Queries.Dispatch(ctx, did)
+			if err != nil {
+				return err
+			}
+			if !reflect.DeepEqual(e, fromSQL) {
+				t.Errorf("%s: execution read\n %+v\nSQL has\n %+v", step, e, fromSQL)
+			}
+			if !reflect.DeepEqual(d, dispatchSQL) {
+				t.Errorf("%s: dispatch read\n %+v\nSQL has\n %+v", step, d, dispatchSQL)
+			}
+			return nil
+		}))
+		return e, d, hit
+	}
+
+	must(update(func(tx *sqlstore.Tx) error {
+		if err := tx.InsertExecution(ctx, execRow(id)); err != nil {
+			return err
+		}
+		return tx.InsertDispatch(ctx, &store.Dispatch{ID: did, ExecutionID: id, Status: wire.DispatchInFlight, Attempt: 1,
+			MaxAttempts: 3, LeaseTimeout: 30, CreatedAt: time.Now(), UpdatedAt: time.Now()})
+	}))
+	read("after the inserts")
+
+	// An update as the kernel makes one: times in nanoseconds and a local
+	// zone, which the row keeps in microseconds, and a field UpdateExecution
+	// does not write.
+	must(update(func(tx *sqlstore.Tx) error {
+		e, err := tx.ExecutionHead(ctx, id)
+		if err != nil {
+			return err
+		}
+		e.Status, e.FailureReason = wire.ExecBlocked, "waiting"
+		e.UpdatedAt = time.Date(2026, 12, 3, 9, 0, 0, 123456789, time.FixedZone("X", 3600))
+		e.ResourceKeys = []string{"b", "a"}
+		e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount = did, 7, 3, 2, 99
+		e.AgentVersion = "not written by UpdateExecution"
+		return tx.UpdateExecution(ctx, e)
+	}))
+	e, _, hit := read("after an update")
+	if !hit || e.Status != wire.ExecBlocked || e.LastSeq != 7 || e.AgentVersion != "" {
+		t.Errorf("after an update: hit %v, status %q, last seq %d, agent version %q", hit, e.Status, e.LastSeq, e.AgentVersion)
+	}
+
+	// A transaction that fails after writing leaves nothing behind.
+	err := update(func(tx *sqlstore.Tx) error {
+		e, err := tx.ExecutionHead(ctx, id)
+		if err != nil {
+			return err
+		}
+		e.Status, e.LastSeq = wire.ExecFailed, 8
+		if err := tx.UpdateExecution(ctx, e); err != nil {
+			return err
+		}
+		return errors.New("deliberate")
+	})
+	if err == nil {
+		t.Fatal("the failing transaction succeeded")
+	}
+	if e, _, _ := read("after a failed transaction"); e.Status != wire.ExecBlocked || e.LastSeq != 7 {
+		t.Errorf("after a failed transaction: status %q, last seq %d; want blocked, 7", e.Status, e.LastSeq)
+	}
+
+	// In one group commit: a unit that commits, one that fails, and one that
+	// reads after them sees the first's write only.
+	release := holdWriter(t, s)
+	results := make(chan error, 3)
+	var seen *store.Execution
+	go func() {
+		results <- update(func(tx *sqlstore.Tx) error {
+			e, err := tx.ExecutionHead(ctx, id)
+			if err != nil {
+				return err
+			}
+			e.Status, e.LastSeq = wire.ExecRunning, 9
+			return tx.UpdateExecution(ctx, e)
+		})
+	}()
+	waitQueued(t, s, 1)
+	go func() {
+		results <- update(func(tx *sqlstore.Tx) error {
+			e, err := tx.ExecutionHead(ctx, id)
+			if err != nil {
+				return err
+			}
+			e.Status, e.LastSeq = wire.ExecCompleted, 10
+			if err := tx.UpdateExecution(ctx, e); err != nil {
+				return err
+			}
+			return errors.New("deliberate")
+		})
+	}()
+	waitQueued(t, s, 2)
+	go func() {
+		results <- update(func(tx *sqlstore.Tx) error {
+			var err error
+			seen, err = tx.ExecutionHead(ctx, id)
+			return err
+		})
+	}()
+	waitQueued(t, s, 3)
+	must(release())
+	failed := 0
+	for range 3 {
+		if <-results != nil {
+			failed++
+		}
+	}
+	if failed != 1 || seen == nil || seen.Status != wire.ExecRunning || seen.LastSeq != 9 {
+		t.Errorf("in one batch: %d failed, the last unit read %+v; want one failure and status running at seq 9", failed, seen)
+	}
+	read("after a batch with a failed unit")
+
+	// Retiring the cached dispatch, and updating it.
+	must(update(func(tx *sqlstore.Tx) error { return tx.RetireDispatches(ctx, id, other, time.Now()) }))
+	if _, d, _ := read("after retiring"); d.Status != wire.DispatchRetired {
+		t.Errorf("after retiring: dispatch status %q", d.Status)
+	}
+	must(update(func(tx *sqlstore.Tx) error {
+		d, err := tx.Dispatch(ctx, did)
+		if err != nil {
+			return err
+		}
+		d.Attempt, d.LeaseExpiresAt = 2, time.Now()
+		return tx.UpdateDispatch(ctx, d)
+	}))
+	if _, d, _ := read("after a dispatch update"); d.Attempt != 2 {
+		t.Errorf("after a dispatch update: attempt %d", d.Attempt)
+	}
+
+	// Another connection writes the row: the next transaction sees it.
+	if e, _, hit := read("before a foreign write"); !hit || e.FailureReason != "waiting" {
+		t.Fatalf("before a foreign write: hit %v, failure reason %q", hit, e.FailureReason)
+	}
+	foreign, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	must(err)
+	defer foreign.Close()
+	_, err = foreign.Exec(`UPDATE executions SET failure_reason = 'written elsewhere' WHERE id = ?`, id)
+	must(err)
+	if e, _, _ := read("after a foreign write"); e.FailureReason != "written elsewhere" {
+		t.Errorf("after a foreign write: failure reason %q", e.FailureReason)
+	}
+
+	// Statements the cache does not follow clear it.
+	must(update(func(tx *sqlstore.Tx) error { return tx.DeleteExecution(ctx, id) }))
+	must(update(func(tx *sqlstore.Tx) error {
+		if _, err := tx.ExecutionHead(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("execution after its deletion: %v", err)
+		}
+		if _, err := tx.Dispatch(ctx, did); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("dispatch after its execution's deletion: %v", err)
+		}
+		return nil
+	}))
+}
