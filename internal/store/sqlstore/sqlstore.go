@@ -470,25 +470,35 @@ func (t *Tx) appendRows(ctx context.Context, events []*store.Event) error {
 	return t.exec(ctx, b.String(), args...)
 }
 
-// appendRuns stores packable events as runs, after checking that they follow
-// everything stored for their execution.
+// appendRuns stores packable events as runs, refusing them unless they
+// follow everything stored for their execution. The first run's insert
+// carries the check, so that an append costs one statement rather than two;
+// the runs after it follow that one.
 func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
 	id, first := events[0].ExecutionID, events[0].Seq
-	var taken bool
-	err := t.row(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND event_seq >= ?)
- OR EXISTS (SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ?)`, id, first, id, first).Scan(&taken)
-	if err != nil {
-		return err
-	}
-	if taken {
-		return fmt.Errorf("append events: %s already has events at or after seq %d", id, first)
-	}
+	check := true
 	for len(events) > 0 {
 		n := min(len(events), runMaxEvents)
 		run := events[:n]
-		if err := t.exec(ctx, `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`,
-			id, run[n-1].Seq, run[0].Seq, encodeRun(run)); err != nil {
+		args := []any{id, run[n-1].Seq, run[0].Seq, encodeRun(run)}
+		query := `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`
+		if check {
+			query = `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) SELECT ?,?,?,?
+ WHERE NOT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND event_seq >= ?)
+ AND NOT EXISTS (SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ?)`
+			args = append(args, id, first, id, first)
+		}
+		res, err := t.Q.ExecContext(ctx, t.D.Rebind(query), args...)
+		if err != nil {
 			return err
+		}
+		if check {
+			if added, err := res.RowsAffected(); err != nil {
+				return err
+			} else if added == 0 {
+				return fmt.Errorf("append events: %s already has events at or after seq %d", id, first)
+			}
+			check = false
 		}
 		events = events[n:]
 	}
