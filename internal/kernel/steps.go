@@ -161,6 +161,10 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 		if hasCounter {
 			occ = consumed + 1
 		}
+		// Whether a step with the id may be recorded: not when the agent
+		// names the occurrence after the highest one recorded, which spares
+		// every new step of an agent that sends occurrences a read.
+		mayExist := true
 		if r.HasOccurrence {
 			highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
 			if err != nil {
@@ -175,10 +179,14 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 					Message: "validation error: occurrence is ahead of the kernel"}
 			}
 			occ = r.Occurrence
+			mayExist = occ < limit
 		}
 		stepID := identity.StepID(o.e.ID, r.Kind, r.Target, argsHash, occ)
 
-		existing, err := o.tx.Step(o.ctx, o.e.ID, stepID)
+		existing, err := (*store.Step)(nil), error(store.ErrNotFound)
+		if mayExist {
+			existing, err = o.tx.Step(o.ctx, o.e.ID, stepID)
+		}
 		switch {
 		case err == nil:
 			dec, err = o.replayStep(existing, d, h, r)
