@@ -153,19 +153,21 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 				return validation("resources", "unknown resource key %q", key)
 			}
 		}
-		consumed, hasCounter, err := o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
-		if err != nil {
-			return fmt.Errorf("read counter: %w", err)
-		}
-		occ := int64(0)
-		if hasCounter {
-			occ = consumed + 1
-		}
+		// The occurrence is the agent's when it names one (checked against
+		// the highest recorded), else the next of this dispatch's counter.
 		// Whether a step with the id may be recorded: not when the agent
 		// names the occurrence after the highest one recorded, which spares
 		// every new step of an agent that sends occurrences a read.
-		mayExist := true
-		if r.HasOccurrence {
+		occ, consumed, hasCounter, mayExist := int64(0), int64(0), false, true
+		if !r.HasOccurrence {
+			var err error
+			if consumed, hasCounter, err = o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash); err != nil {
+				return fmt.Errorf("read counter: %w", err)
+			}
+			if hasCounter {
+				occ = consumed + 1
+			}
+		} else {
 			highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
 			if err != nil {
 				return fmt.Errorf("read occurrences: %w", err)
@@ -207,8 +209,10 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 		}
 		if dec.StepID != "" {
 			dec.Occurrence = occ
-			if !hasCounter || occ > consumed {
-				if err := o.tx.SetCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash, occ); err != nil {
+			// Unread when the agent named the occurrence: RaiseCounter leaves
+			// a counter already as high alone.
+			if r.HasOccurrence || !hasCounter || occ > consumed {
+				if err := o.tx.RaiseCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash, occ); err != nil {
 					return fmt.Errorf("advance counter: %w", err)
 				}
 			}

@@ -147,7 +147,10 @@ type Tx interface {
 	// except keepID.
 	RetireDispatches(ctx context.Context, executionID, keepID string, now time.Time) error
 
-	SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error
+	// RaiseCounter records that a dispatch has handed out occurrences up to
+	// consumed of a step identity: the counter becomes consumed, unless it
+	// is already at or above it.
+	RaiseCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error
 	DeleteDispatchCounters(ctx context.Context, executionID, dispatchID string) error
 	DeleteExecutionCounters(ctx context.Context, executionID string) error
 

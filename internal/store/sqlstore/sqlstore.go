@@ -852,9 +852,10 @@ func (q *Queries) Counter(ctx context.Context, executionID, dispatchID, kind, ta
 	return v, err == nil, err
 }
 
-func (t *Tx) SetCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error {
+func (t *Tx) RaiseCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error {
 	return t.exec(ctx, `INSERT INTO counters (execution_id, dispatch_id, kind, target, args_hash, consumed) VALUES (?,?,?,?,?,?)
- ON CONFLICT (execution_id, dispatch_id, kind, target, args_hash) DO UPDATE SET consumed = excluded.consumed`,
+ ON CONFLICT (execution_id, dispatch_id, kind, target, args_hash) DO UPDATE SET consumed = excluded.consumed
+ WHERE excluded.consumed > counters.consumed`,
 		executionID, dispatchID, kind, target, argsHash, consumed)
 }
 

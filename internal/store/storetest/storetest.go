@@ -136,7 +136,7 @@ func write(t *testing.T, s store.Store, rows ...any) {
 	update(t, s, "", func(ctx context.Context, tx store.Tx) error { return writeRows(ctx, tx, rows...) })
 }
 
-// counterRow is a SetCounter call.
+// counterRow is a RaiseCounter call.
 type counterRow struct {
 	ExecutionID, DispatchID, Kind, Target, ArgsHash string
 	Consumed                                        int64
@@ -167,7 +167,7 @@ func writeRows(ctx context.Context, tx store.Tx, rows ...any) error {
 		case *store.Dispatch:
 			err = tx.InsertDispatch(ctx, r)
 		case counterRow:
-			err = tx.SetCounter(ctx, r.ExecutionID, r.DispatchID, r.Kind, r.Target, r.ArgsHash, r.Consumed)
+			err = tx.RaiseCounter(ctx, r.ExecutionID, r.DispatchID, r.Kind, r.Target, r.ArgsHash, r.Consumed)
 		case *store.Agent:
 			err = tx.UpsertAgent(ctx, r)
 		case *store.IdempotencyRecord:
@@ -1317,12 +1317,14 @@ func testCounters(t *testing.T, s store.Store) {
 	for _, r := range rows {
 		initial[r.key()] = r.Consumed
 	}
-	check("after SetCounter", initial)
+	check("after RaiseCounter", initial)
 
-	// SetCounter replaces the value of an existing key.
+	// RaiseCounter raises the value of an existing key, and never lowers it.
 	write(t, s, counterRow{"exec-a", "d1", wire.KindToolCall, "t", "h", 3})
 	initial[rows[0].key()] = 3
-	check("after a second SetCounter", initial)
+	check("after a higher RaiseCounter", initial)
+	write(t, s, counterRow{"exec-a", "d1", wire.KindToolCall, "t", "h", 1}, counterRow{"exec-a", "d1", wire.KindToolCall, "t", "h2", 5})
+	check("after a lower and an equal RaiseCounter", initial)
 
 	update(t, s, "exec-a", func(ctx context.Context, tx store.Tx) error { return tx.DeleteDispatchCounters(ctx, "exec-a", "d1") })
 	check("after DeleteDispatchCounters(exec-a, d1)",
@@ -1867,7 +1869,7 @@ func writeEverywhere(ctx context.Context, tx store.Tx, n, p graph) ([]string, er
 		return nil, err
 	}
 	c := p.counters[0]
-	if err := tx.SetCounter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash, 99); err != nil {
+	if err := tx.RaiseCounter(ctx, c.ExecutionID, c.DispatchID, c.Kind, c.Target, c.ArgsHash, 99); err != nil {
 		return nil, err
 	}
 	if err := tx.DeleteDispatchCounters(ctx, p.counters[1].ExecutionID, p.counters[1].DispatchID); err != nil {
@@ -1876,7 +1878,7 @@ func writeEverywhere(ctx context.Context, tx store.Tx, n, p graph) ([]string, er
 	if err := tx.DeleteExecutionCounters(ctx, pid); err != nil {
 		return nil, err
 	}
-	if err := tx.SetCounter(ctx, pid, c.DispatchID, wire.KindToolCall, "new", "new", 5); err != nil {
+	if err := tx.RaiseCounter(ctx, pid, c.DispatchID, wire.KindToolCall, "new", "new", 5); err != nil {
 		return nil, err
 	}
 	if err := tx.InsertIdempotency(ctx, &store.IdempotencyRecord{Route: p.idem[0].Route, Key: p.idem[0].Key, BodyHash: "new", ExecutionID: n.execution.ID, CreatedAt: at(time.Hour)}); err != nil {
