@@ -16,7 +16,7 @@ import (
 // BenchmarkStepRoundTrip measures the kernel's own cost of one step (submit
 // answered proceed + complete answered recorded), without HTTP, on a
 // throwaway store with synchronous commits off: the CPU the verbs and the SQL
-// take per step.
+// take per step. Each submit names its occurrence, as the SDKs' do.
 func BenchmarkStepRoundTrip(b *testing.B) {
 	ctx := context.Background()
 	k, _, e, h := benchExecution(b, ":memory:")
@@ -24,13 +24,68 @@ func BenchmarkStepRoundTrip(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		raw := fmt.Appendf(nil, `{"q":%d}`, i)
 		v, _ := jsonx.Parse(raw, 128)
-		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v})
+		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
 		if err != nil || d.Decision != wire.DecisionProceed {
 			b.Fatal(err, d)
 		}
 		out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, e.ID, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
 		if err != nil || out.Decision != wire.DecisionRecorded {
 			b.Fatal(err, out)
+		}
+	}
+}
+
+// BenchmarkStepsConcurrent measures the same round trip made by 64
+// executions at once, as P2 makes them but without HTTP: their transactions
+// share the writer's group commits. Run it with GOMAXPROCS=1 to see the cost
+// per step on the kernel's one core.
+func BenchmarkStepsConcurrent(b *testing.B) {
+	const executions = 64
+	ctx := context.Background()
+	k, st, _, _ := benchExecution(b, ":memory:")
+	leases := map[string]DispatchHeaders{}
+	for range executions {
+		if _, err := k.CreateExecution(ctx, CreateRequest{AgentID: "a"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	refs, err := st.Read().DueDispatches(ctx, k.clock.Now(), 2*executions)
+	if err != nil || len(refs) != executions {
+		b.Fatalf("%d due dispatches (%v), want %d", len(refs), err, executions)
+	}
+	for _, ref := range refs {
+		del, err := k.ClaimDispatch(ctx, ref)
+		if err != nil || del == nil {
+			b.Fatal(err)
+		}
+		leases[del.ExecutionID] = DispatchHeaders{ID: del.DispatchID, Attempt: del.Attempt}
+	}
+	per := (b.N + executions - 1) / executions
+	errs := make(chan error, executions)
+	b.ResetTimer()
+	for id, h := range leases {
+		go func() {
+			for i := range per {
+				raw := fmt.Appendf(nil, `{"q":%d}`, i)
+				v, _ := jsonx.Parse(raw, 128)
+				d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, id, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t",
+					Args: raw, ArgsValue: v, HasOccurrence: true})
+				if err != nil || d.Decision != wire.DecisionProceed {
+					errs <- fmt.Errorf("submit: %v %+v", err, d)
+					return
+				}
+				out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, id, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
+				if err != nil || out.Decision != wire.DecisionRecorded {
+					errs <- fmt.Errorf("complete: %v %+v", err, out)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range executions {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
 		}
 	}
 }
