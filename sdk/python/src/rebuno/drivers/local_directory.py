@@ -40,7 +40,6 @@ import errno
 import functools
 import hashlib
 import json
-import operator
 import os
 import platform
 import re
@@ -77,7 +76,6 @@ _FSYNC_MAX = 8
 # Restores of fewer files copy them on one thread (see _copy_objects).
 _PARALLEL_MIN = 64
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NAME = operator.attrgetter("name")
 # FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (_IOR/_IOW('f', 1/2, long)) on the
 # machines whose ioctl numbers use the generic encoding with 8-byte longs,
 # and FS_TOPDIR_FL, chattr's "T" (see _spread_subdirectories).
@@ -800,18 +798,21 @@ class LocalDirectory:
         before `settled` (outside the racy window) to `known`."""
         with os.scandir(dir_fd) as it:
             # Code point order is UTF-8 byte order for every name a capture accepts.
-            children = sorted(it, key=_NAME)
-        for child in children:
-            name = child.name
+            names = sorted([entry.name for entry in it])
+        # The loop runs once per file of the workspace: names are bound
+        # locally, and os.stat relative to the directory's descriptor costs a
+        # third less than DirEntry.stat.
+        lstat, get, append, still_there, is_reg = os.stat, cache.get, parts.append, checks.still_there, stat.S_ISREG
+        for name in names:
             rel = prefix + name
-            st = child.stat(follow_symlinks=False)
+            st = lstat(name, dir_fd=dir_fd, follow_symlinks=False)
             mode = st.st_mode
-            if stat.S_ISREG(mode):
-                hit = cache.get(rel)
+            if is_reg(mode):
+                hit = get(rel)
                 if hit is not None and hit.key == (mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                                   st.st_dev) and checks.still_there(hit):
+                                                   st.st_dev) and still_there(hit):
                     known[rel] = hit
-                    parts.append((hit.path, hit.entry))
+                    append((hit.path, hit.entry))
                     continue
             _utf8_name(name, rel)
             if stat.S_ISLNK(mode):
