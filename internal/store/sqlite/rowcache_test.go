@@ -192,6 +192,20 @@ func TestRowCache(t *testing.T) {
 		t.Errorf("after a foreign write: failure reason %q", e.FailureReason)
 	}
 
+	// A finished execution leaves the cache, and a read does not bring it
+	// back: its row is rarely written again.
+	must(update(func(tx *sqlstore.Tx) error {
+		e, err := tx.ExecutionHead(ctx, id)
+		if err != nil {
+			return err
+		}
+		e.Status = wire.ExecCompleted
+		return tx.UpdateExecution(ctx, e)
+	}))
+	if e, _, hit := read("after finishing"); hit || e.Status != wire.ExecCompleted || s.rows.Holds(id) {
+		t.Errorf("after finishing: cached %v (still %v after a read), status %q", hit, s.rows.Holds(id), e.Status)
+	}
+
 	// Statements the cache does not follow clear it.
 	must(update(func(tx *sqlstore.Tx) error { return tx.DeleteExecution(ctx, id) }))
 	must(update(func(tx *sqlstore.Tx) error {

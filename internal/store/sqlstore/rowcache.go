@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/wire"
 )
 
 // RowCache keeps the execution heads and dispatch rows that a backend's
@@ -26,7 +27,8 @@ type RowCache struct {
 }
 
 // rowCacheSize bounds each of the cache's maps: about a thousand bytes an
-// entry. Live executions beyond it are read from SQL as before.
+// entry. Live executions beyond it are read from SQL as before; finished
+// ones are not kept, since their rows are rarely written again.
 const rowCacheSize = 4096
 
 // NewRowCache returns an empty cache.
@@ -68,8 +70,15 @@ func (c *RowCache) execution(id string) (*store.Execution, bool) {
 	return copyHead(e), true
 }
 
-// keepExecution caches a copy of a head as a read returned it.
-func (c *RowCache) keepExecution(e *store.Execution) { put(c.executions, e.ID, copyHead(e)) }
+// keepExecution caches a copy of a live execution's head as a read returned
+// it.
+func (c *RowCache) keepExecution(e *store.Execution) {
+	if wire.ExecTerminal(e.Status) {
+		delete(c.executions, e.ID)
+		return
+	}
+	put(c.executions, e.ID, copyHead(e))
+}
 
 // updatedExecution follows UpdateExecution: the columns it writes, as a read
 // would return them, over the cached row; without one there is nothing to
@@ -77,6 +86,10 @@ func (c *RowCache) keepExecution(e *store.Execution) { put(c.executions, e.ID, c
 func (c *RowCache) updatedExecution(e *store.Execution) {
 	old, ok := c.executions[e.ID]
 	if !ok {
+		return
+	}
+	if wire.ExecTerminal(e.Status) {
+		delete(c.executions, e.ID)
 		return
 	}
 	keys, err := decodeList(encodeList(e.ResourceKeys))
