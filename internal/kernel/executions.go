@@ -86,7 +86,7 @@ func (k *Kernel) CreateExecution(ctx context.Context, r CreateRequest) (*store.E
 		e := &store.Execution{
 			ID: newID(), AgentID: r.AgentID, AgentVersion: r.AgentVersion, Input: input, Status: wire.ExecPending,
 			CreatedAt: o.now, UpdatedAt: o.now, ParentID: r.ParentExecutionID, IdempotencyKey: r.IdempotencyKey,
-			OnBehalfOf: r.OnBehalfOf, ResourceKeys: []string{}, ByteCount: int64(len(input)),
+			OnBehalfOf: r.OnBehalfOf, ResourceKeys: []string{}, Writing: []string{}, ByteCount: int64(len(input)),
 		}
 		if k.cfg.DeadlineTimeout > 0 {
 			e.DeadlineAt = o.now.Add(k.cfg.DeadlineTimeout)

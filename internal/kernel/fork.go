@@ -263,7 +263,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	e := &store.Execution{
 		ID: p.id, AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
 		CreatedAt: o.now, UpdatedAt: o.now, ParentID: src.ParentID, OnBehalfOf: src.OnBehalfOf,
-		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{}, IdempotencyKey: p.idemKey,
+		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{}, Writing: []string{}, IdempotencyKey: p.idemKey,
 	}
 	if o.k.cfg.DeadlineTimeout > 0 {
 		e.DeadlineAt = o.now.Add(o.k.cfg.DeadlineTimeout)

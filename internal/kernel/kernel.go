@@ -281,6 +281,7 @@ func (o *op) terminate(status, reason, cause string) error {
 		s.CompletedAt = o.now
 		o.emit(wire.EventStepCancelled, stepPayload(s).Raw("error", errJSON))
 		s.TerminalSeq = o.e.LastSeq
+		o.stopWriting(s)
 		if err := o.tx.UpdateStep(o.ctx, s); err != nil {
 			return fmt.Errorf("cancel step: %w", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/rebuno/rebuno/internal/jsonx"
 	"github.com/rebuno/rebuno/internal/store"
@@ -358,30 +359,52 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 // writers are the tool and local steps executing under the execution's
 // current attempt (§3.3), except the step being recorded. An orphan of a
 // reclaimed or superseded attempt is not one: it is fenced. (LLM calls never
-// are: ExecutingSteps leaves them out.)
+// are: they change no resource.) The candidates are the steps the
+// execution's row lists as started (startWriting); one that has ended since
+// is skipped here, so only a start that failed to list its step could hide
+// a writer.
 func (o *op) writers(recording *store.Step) ([]*store.Step, error) {
-	if o.e.DispatchID == "" {
+	if o.e.DispatchID == "" || len(o.e.Writing) == 0 {
 		return nil, nil
 	}
 	d, err := o.tx.Dispatch(o.ctx, o.e.DispatchID)
 	if err != nil {
 		return nil, notFoundOr(err, "dispatch")
 	}
-	executing, err := o.tx.ExecutingSteps(o.ctx, o.e.ID)
-	if err != nil {
-		return nil, fmt.Errorf("read executing steps: %w", err)
-	}
 	var out []*store.Step
-	for _, s := range executing {
-		if s.DispatchID != d.ID || s.Attempt != d.Attempt {
+	for _, id := range o.e.Writing {
+		if recording != nil && id == recording.StepID {
 			continue
 		}
-		if recording != nil && s.StepID == recording.StepID {
+		s, err := o.tx.Step(o.ctx, o.e.ID, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("read executing step: %w", err)
+		}
+		if s.Status != wire.StepExecuting || s.Kind == wire.KindLLMCall || s.DispatchID != d.ID || s.Attempt != d.Attempt {
 			continue
 		}
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// startWriting lists a tool or local step that starts executing on its
+// execution's row, where a capture looks for writers at work.
+func (o *op) startWriting(s *store.Step) {
+	if s.Kind == wire.KindLLMCall || contains(o.e.Writing, s.StepID) {
+		return
+	}
+	o.e.Writing = append(slices.Clone(o.e.Writing), s.StepID)
+}
+
+// stopWriting takes a step that stopped executing off the list.
+func (o *op) stopWriting(s *store.Step) {
+	if i := slices.Index(o.e.Writing, s.StepID); i >= 0 {
+		o.e.Writing = slices.Delete(slices.Clone(o.e.Writing), i, i+1)
+	}
 }
 
 // writesTo reports whether one of the writers may change r: every writer

@@ -672,6 +672,23 @@ func TestWritersAcrossDispatches(t *testing.T) {
 	seq = r.fx.lastSeq(r.id)
 	r.publish(caps(Capture{Key: "w", Generation: 1, Ref: "y"}))
 	wantTypes(t, r.fx.eventsAfter(r.id, seq), EventResourceCheckpointed)
+
+	// The approved step starts when the agent submits it again (a recorded
+	// step's start, not a new step's): it is a writer until its outcome.
+	started := r.submit(wire.KindToolCall, "ask")
+	if started.Decision != wire.DecisionProceed || started.StepID != ask.StepID {
+		t.Fatalf("the approved step: %+v", started)
+	}
+	gen := r.resource("w").Generation
+	seq = r.fx.lastSeq(r.id)
+	r.publish(caps(Capture{Key: "w", Generation: gen, Ref: "z"}))
+	if got := payloadField(t, r.fx.eventsAfter(r.id, seq)[0], "error").Str; got != refusalWritersAlive {
+		t.Fatalf("while the approved step runs: %s", got)
+	}
+	r.outcome(started.StepID, true, Captures{})
+	seq = r.fx.lastSeq(r.id)
+	r.publish(caps(Capture{Key: "w", Generation: gen, Ref: "z"}))
+	wantTypes(t, r.fx.eventsAfter(r.id, seq), EventResourceCheckpointed)
 }
 
 // ---- the property test ----

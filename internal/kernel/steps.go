@@ -264,6 +264,7 @@ func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r S
 		if s.Idempotency == wire.AtMostOnce || r.Idempotency == wire.AtMostOnce {
 			errJSON := indeterminateError()
 			s.Status = wire.StepFailed
+			o.stopWriting(s)
 			s.Error = errJSON
 			s.ErrorReason = wire.ReasonIndeterminate
 			s.CompletedAt = o.now
@@ -284,6 +285,7 @@ func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r S
 // start (§12.1, RESOURCES-AND-FORKS §3.2).
 func (o *op) start(s *store.Step, d *store.Dispatch, h DispatchHeaders, retry bool) (*Decision, error) {
 	s.Status = wire.StepExecuting
+	o.startWriting(s)
 	s.DispatchID = d.ID
 	s.Attempt = requestAttempt(d, h)
 	p := stepPayload(s)
@@ -389,6 +391,7 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 		return o.recordAwaitingApproval(s, res)
 	case PolicyAllow:
 		s.Status = wire.StepExecuting
+		o.startWriting(s)
 		s.StartedAt = o.now
 		o.emit(wire.EventStepProposed, stepPayload(s))
 		allowed := stepPayload(s)
@@ -530,6 +533,7 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 				o.emit(wire.EventStepFailed, stepPayload(s).Raw("error", value))
 			}
 			s.TerminalSeq = o.e.LastSeq
+			o.stopWriting(s)
 			if err := o.tx.UpdateStep(o.ctx, s); err != nil {
 				return fmt.Errorf("record step outcome: %w", err)
 			}

@@ -103,11 +103,6 @@ type Reader interface {
 	Checkpoints(ctx context.Context, executionID string) ([]*Checkpoint, error)
 	// CheckpointAt is the newest checkpoint of key with covered_seq <= seq.
 	CheckpointAt(ctx context.Context, executionID, key string, seq int64) (*Checkpoint, error)
-	// ExecutingSteps lists the execution's tool and local steps in status
-	// executing, in recording order, through an index on exactly those rows.
-	// LLM calls are left out: they never change a resource (§3.3), and they
-	// are too many to maintain an index entry for twice each.
-	ExecutingSteps(ctx context.Context, executionID string) ([]*Step, error)
 	// CopyRefs lists the steps whose bodies the execution's copied steps
 	// share (execution id, step id), for retention.
 	CopyRefs(ctx context.Context, executionID string) ([][2]string, error)
@@ -203,6 +198,11 @@ type Execution struct {
 	ResourceKeys   []string
 
 	// Bookkeeping kept on the row so that no operation scans history.
+	// Writing lists the tool and local steps that were started and may
+	// still be executing (a capture reads them to find writers at work,
+	// RESOURCES-AND-FORKS §3.3): every start adds its step, every end
+	// removes it, and a reader keeps only those still executing.
+	Writing    []string
 	DispatchID string // newest dispatch
 	LastSeq    int64  // last event_seq
 	StepOrder  int64  // last step recording order (copies included)

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +131,58 @@ func TestMigrationFiveKeepsCountersAndRuns(t *testing.T) {
 	}
 	if indexes != 0 {
 		t.Errorf("%d indexes on counters and event_runs, want none", indexes)
+	}
+}
+
+// TestMigrationSevenListsWriters upgrades a version 6 database, whose
+// executing tool and local steps were found through a partial index, and
+// checks that each execution's row lists exactly those steps.
+func TestMigrationSevenListsWriters(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "rebuno.db")
+	old := openAtVersion(t, path, 6)
+	for _, id := range []string{"busy", "idle"} {
+		if _, err := old.Exec(`INSERT INTO executions (id, agent_id, agent_version, status, failure_reason, created_at, updated_at,
+ deadline_at, parent_execution_id, idempotency_key, on_behalf_of, forked_from, fork_seq, resource_keys, dispatch_id,
+ last_seq, step_order, step_count, byte_count) VALUES (?, 'a', '', 'running', '', 1, 1, 0, '', '', '', '', 0, '[]', '', 0, 0, 0, 0)`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []struct{ execution, id, kind, status string }{
+		{"busy", "tool-running", wire.KindToolCall, wire.StepExecuting},
+		{"busy", "local-running", wire.KindLocal, wire.StepExecuting},
+		{"busy", "llm-running", wire.KindLLMCall, wire.StepExecuting},
+		{"busy", "tool-done", wire.KindToolCall, wire.StepSucceeded},
+		{"idle", "idle-done", wire.KindToolCall, wire.StepSucceeded},
+	} {
+		if _, err := old.Exec(`INSERT INTO steps (execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency)
+ VALUES (?, ?, 1, ?, 't', ?, 0, ?, 'safe_to_retry')`, s.execution, s.id, s.kind, "h-"+s.id, s.status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.Close()
+
+	s := openAt(t, path, nil)
+	busy, err := s.Read().ExecutionHead(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(busy.Writing)
+	if !slices.Equal(busy.Writing, []string{"local-running", "tool-running"}) {
+		t.Errorf("busy execution's writers after the upgrade: %q", busy.Writing)
+	}
+	idle, err := s.Read().ExecutionHead(ctx, "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idle.Writing == nil || len(idle.Writing) != 0 {
+		t.Errorf("idle execution's writers after the upgrade: %#v, want []", idle.Writing)
+	}
+	var indexes int
+	if err := s.read.QueryRow(`SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'steps_writing'`).Scan(&indexes); err != nil {
+		t.Fatal(err)
+	}
+	if indexes != 0 {
+		t.Error("steps_writing is still there")
 	}
 }

@@ -83,7 +83,7 @@ func TestRowCache(t *testing.T) {
 		}
 		e.Status, e.FailureReason = wire.ExecBlocked, "waiting"
 		e.UpdatedAt = time.Date(2026, 12, 3, 9, 0, 0, 123456789, time.FixedZone("X", 3600))
-		e.ResourceKeys = []string{"b", "a"}
+		e.ResourceKeys, e.Writing = []string{"b", "a"}, []string{"step-1"}
 		e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount = did, 7, 3, 2, 99
 		e.AgentVersion = "not written by UpdateExecution"
 		return tx.UpdateExecution(ctx, e)

@@ -253,4 +253,15 @@ ALTER TABLE event_runs_by_key RENAME TO event_runs;
 DROP INDEX steps_executing;
 CREATE INDEX steps_writing ON steps (execution_id) WHERE status = 'executing' AND kind <> 'llm_call';
 `,
+	// The tool and local steps a capture must find at work are listed on
+	// their execution's row, which every operation rewrites anyway, instead
+	// of in an index that cost each of them an entry at its start and its
+	// removal at its end: two of a tool step's sixteen pages.
+	`
+ALTER TABLE executions ADD COLUMN writing TEXT NOT NULL DEFAULT '[]';
+UPDATE executions SET writing = (SELECT json_group_array(step_id) FROM steps
+ WHERE steps.execution_id = executions.id AND steps.status = 'executing' AND steps.kind <> 'llm_call')
+ WHERE EXISTS (SELECT 1 FROM steps WHERE steps.execution_id = executions.id AND steps.status = 'executing' AND steps.kind <> 'llm_call');
+DROP INDEX steps_writing;
+`,
 }

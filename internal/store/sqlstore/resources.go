@@ -77,11 +77,3 @@ func (t *Tx) InvalidateCheckpoints(ctx context.Context, executionID, key string,
 	return t.exec(ctx, `UPDATE checkpoints SET invalidated_seq = ? WHERE execution_id = ? AND key = ? AND invalidated_seq = 0`,
 		seq, executionID, key)
 }
-
-func (q *Queries) ExecutingSteps(ctx context.Context, executionID string) ([]*store.Step, error) {
-	// The WHERE repeats the partial index's own, which makes it usable; the
-	// hint keeps SQLite from walking steps_by_order through every step of
-	// the execution for the sake of the ORDER BY.
-	return list(ctx, q, scanStep, `SELECT `+stepCols+` FROM steps s`+q.D.IndexedBy("steps_writing")+stepJoin+`
- WHERE s.execution_id = ? AND s.status = 'executing' AND s.kind <> 'llm_call' ORDER BY s.step_order`, executionID)
-}

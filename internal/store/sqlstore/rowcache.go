@@ -97,6 +97,12 @@ func (c *RowCache) updatedExecution(e *store.Execution) {
 		delete(c.executions, e.ID)
 		return
 	}
+	writing, err := decodeList(encodeList(e.Writing))
+	if err != nil {
+		delete(c.executions, e.ID)
+		return
+	}
+	old.Writing = writing
 	old.Status = e.Status
 	old.FailureReason = e.FailureReason
 	old.UpdatedAt = fromTS(ts(e.UpdatedAt))
@@ -142,6 +148,10 @@ func copyHead(e *store.Execution) *store.Execution {
 	cp.ResourceKeys = slices.Clone(e.ResourceKeys)
 	if e.ResourceKeys != nil && cp.ResourceKeys == nil {
 		cp.ResourceKeys = []string{}
+	}
+	cp.Writing = slices.Clone(e.Writing)
+	if e.Writing != nil && cp.Writing == nil {
+		cp.Writing = []string{}
 	}
 	cp.Restoration = slices.Clone(e.Restoration)
 	return &cp

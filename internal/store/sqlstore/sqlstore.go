@@ -187,7 +187,8 @@ var (
 // operation rewrites stays small whatever their size.
 const executionCols = `e.id, e.agent_id, e.agent_version, e.status, e.failure_reason,
  e.created_at, e.updated_at, e.deadline_at, e.parent_execution_id, e.idempotency_key, e.on_behalf_of,
- e.forked_from, e.fork_seq, e.restoration, e.resource_keys, e.dispatch_id, e.last_seq, e.step_order, e.step_count, e.byte_count`
+ e.forked_from, e.fork_seq, e.restoration, e.resource_keys, e.dispatch_id, e.last_seq, e.step_order, e.step_count, e.byte_count,
+ e.writing`
 
 const executionValues = `, v.input, v.output, v.state FROM executions e JOIN execution_values v ON v.execution_id = e.id`
 
@@ -198,10 +199,11 @@ type scanner interface{ Scan(dest ...any) error }
 func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
 	var e store.Execution
 	var created, updated, deadline int64
-	var keys string
+	var keys, writing string
 	dest := []any{&e.ID, &e.AgentID, &e.AgentVersion, &e.Status, &e.FailureReason,
 		&created, &updated, &deadline, &e.ParentID, &e.IdempotencyKey, &e.OnBehalfOf,
-		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount}
+		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount,
+		&writing}
 	if withValues {
 		dest = append(dest, &e.Input, &e.Output, &e.State)
 	}
@@ -211,6 +213,9 @@ func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
 	e.CreatedAt, e.UpdatedAt, e.DeadlineAt = fromTS(created), fromTS(updated), fromTS(deadline)
 	var err error
 	if e.ResourceKeys, err = decodeList(keys); err != nil {
+		return nil, err
+	}
+	if e.Writing, err = decodeList(writing); err != nil {
 		return nil, err
 	}
 	return &e, nil
@@ -267,11 +272,12 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 	}
 	err := t.Queries.exec(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
  created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
- forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count)
- VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+ forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count, writing)
+ VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		e.ID, e.AgentID, e.AgentVersion, e.Status, e.FailureReason,
 		ts(e.CreatedAt), ts(e.UpdatedAt), ts(e.DeadlineAt), e.ParentID, e.IdempotencyKey, e.OnBehalfOf,
-		e.ForkedFrom, e.ForkSeq, e.Restoration, encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount)
+		e.ForkedFrom, e.ForkSeq, e.Restoration, encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount,
+		encodeList(e.Writing))
 	if err != nil {
 		return err
 	}
@@ -282,9 +288,9 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 	const rest = ` failure_reason = ?, updated_at = ?, resource_keys = ?, dispatch_id = ?,
- last_seq = ?, step_order = ?, step_count = ?, byte_count = ? WHERE id = ?`
+ last_seq = ?, step_order = ?, step_count = ?, byte_count = ?, writing = ? WHERE id = ?`
 	args := []any{e.FailureReason, ts(e.UpdatedAt), encodeList(e.ResourceKeys), e.DispatchID,
-		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, e.ID}
+		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, encodeList(e.Writing), e.ID}
 	var err error
 	if t.statusOf == e.ID && t.status == e.Status {
 		err = t.Queries.exec(ctx, `UPDATE executions SET`+rest, args...)

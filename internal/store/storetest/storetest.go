@@ -83,7 +83,6 @@ var scenarios = []scenario{
 	{"Ping", testPing},
 	{"Resources", testResources},
 	{"Checkpoints", testCheckpoints},
-	{"ExecutingSteps", testExecutingSteps},
 	{"SharedBodies", testSharedBodies},
 	{"StepCopiesInBulk", testStepCopiesInBulk},
 	{"ListForks", testListForks},
@@ -361,6 +360,7 @@ func fullExecution(id string) *store.Execution {
 		ForkSeq:        17,
 		Restoration:    []byte(`{"steps" : [ ] ,"x":1}`),
 		ResourceKeys:   []string{"zeta", "alpha", "mid"},
+		Writing:        []string{"step-b", "step-a"},
 		DispatchID:     "dispatch-" + id,
 		LastSeq:        9,
 		StepOrder:      4,
@@ -482,8 +482,8 @@ func testExecutionRoundTrip(t *testing.T, s store.Store) {
 	if got.State != nil || got.Output != nil || got.Restoration != nil {
 		t.Errorf("absent JSON values read back as state %q, output %q, restoration %q; want nil", got.State, got.Output, got.Restoration)
 	}
-	if len(got.ResourceKeys) != 0 {
-		t.Errorf("resource keys: got %q, want none", got.ResourceKeys)
+	if len(got.ResourceKeys) != 0 || len(got.Writing) != 0 {
+		t.Errorf("resource keys %q and writers %q; want none", got.ResourceKeys, got.Writing)
 	}
 	if !got.DeadlineAt.IsZero() {
 		t.Errorf("deadline: got %v, want zero", got.DeadlineAt)
@@ -536,6 +536,7 @@ func testExecutionUpdate(t *testing.T, s store.Store) {
 	want.FailureReason = ""
 	want.UpdatedAt = at(time.Minute + 5*time.Microsecond)
 	want.ResourceKeys = []string{"b", "a"}
+	want.Writing = []string{"step-c"}
 	want.DispatchID = "dispatch-2"
 	want.LastSeq = 20
 	want.StepOrder = 11
@@ -572,8 +573,9 @@ func testExecutionUpdate(t *testing.T, s store.Store) {
 	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error { return tx.UpdateExecution(ctx, &changed) })
 	same(t, "execution after an update carrying other immutable fields", val(s.Read().Execution(ctx, orig.ID)).get(t, "Execution"), &want)
 
-	// Empty resource keys and a state set again.
+	// Empty resource keys and writers, and a state set again.
 	want.ResourceKeys = nil
+	want.Writing = nil
 	want.State = []byte(`{"again" : 1}`)
 	update(t, s, want.ID, func(ctx context.Context, tx store.Tx) error {
 		if err := tx.UpdateExecution(ctx, &want); err != nil {
@@ -2659,41 +2661,6 @@ func testCheckpoints(t *testing.T, s store.Store) {
 		t.Error("a second checkpoint with the same covered_seq was stored")
 	}
 	same(t, "checkpoint a after a refused duplicate", val(r.CheckpointAt(ctx, "exec-c", "a", 12)).get(t, "CheckpointAt"), a1)
-}
-
-func testExecutingSteps(t *testing.T, s store.Store) {
-	ctx := t.Context()
-	s1 := fullStep("exec-x", "x-s1")
-	s1.Status, s1.Order, s1.StartInfo = wire.StepExecuting, 1, []byte(`[{"key":"res-b","generation":3}]`)
-	s2 := simpleStep("exec-x", "x-s2", 2, wire.StepSucceeded)
-	s3 := simpleStep("exec-x", "x-s3", 3, wire.StepExecuting)
-	s3.Kind = wire.KindLLMCall
-	s4 := simpleStep("exec-x", "x-s4", 4, wire.StepAllowed)
-	s5 := simpleStep("exec-y", "y-s5", 1, wire.StepExecuting)
-	write(t, s, []*store.Step{s3, s1, s2, s4, s5})
-	r := s.Read()
-	s6 := simpleStep("exec-x", "x-s6", 6, wire.StepExecuting)
-	s6.Kind = wire.KindLocal
-	write(t, s, []*store.Step{s6})
-	// The LLM call s3 is executing too, but never writes a resource.
-	sameList(t, "executing steps in recording order", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s1, s6})
-	sameList(t, "another execution's executing steps", val(r.ExecutingSteps(ctx, "exec-y")).get(t, "ExecutingSteps"), []*store.Step{s5})
-	if l := val(r.ExecutingSteps(ctx, "exec-none")).get(t, "ExecutingSteps"); len(l) != 0 {
-		t.Errorf("executing steps of an execution without any: %d", len(l))
-	}
-	done := *s1
-	done.Status, done.TerminalSeq = wire.StepSucceeded, 50
-	var inTx []*store.Step
-	update(t, s, "exec-x", func(ctx context.Context, tx store.Tx) error {
-		if err := tx.UpdateStep(ctx, &done); err != nil {
-			return err
-		}
-		var err error
-		inTx, err = tx.ExecutingSteps(ctx, "exec-x")
-		return err
-	})
-	sameList(t, "executing steps in the transaction that finished one", inTx, []*store.Step{s6})
-	sameList(t, "executing steps after one finished", val(r.ExecutingSteps(ctx, "exec-x")).get(t, "ExecutingSteps"), []*store.Step{s6})
 }
 
 // copyOf is a fork's copy of st in execution forkID: a narrow row that names
