@@ -11,10 +11,9 @@ import (
 // RowCache keeps the execution heads and dispatch rows that a backend's
 // transactions last read or wrote, so that the two reads every agent request
 // begins with (four of the 21 statements a step ran without it) skip SQL.
-// Only a
-// backend whose transactions are the only writers of its database may use
-// one, from one goroutine: the SQLite writer. Postgres runs many replicas
-// against one database, so it never does.
+// Only a backend whose transactions are the only writers of its database may
+// use one, from one goroutine: the SQLite writer. Postgres runs many
+// replicas against one database, so it never does.
 //
 // The cache holds what a read would return, never more: a write the cache
 // cannot follow exactly drops the entry, a statement it cannot follow at
@@ -82,8 +81,8 @@ func (c *RowCache) keepExecution(e *store.Execution) {
 
 // updatedExecution follows UpdateExecution: the columns it writes, as a read
 // would return them, over the cached row; without one there is nothing to
-// follow.
-func (c *RowCache) updatedExecution(e *store.Execution) {
+// follow. keys and writing are the two lists as UpdateExecution encoded them.
+func (c *RowCache) updatedExecution(e *store.Execution, keys, writing string) {
 	old, ok := c.executions[e.ID]
 	if !ok {
 		return
@@ -92,21 +91,20 @@ func (c *RowCache) updatedExecution(e *store.Execution) {
 		delete(c.executions, e.ID)
 		return
 	}
-	keys, err := decodeList(encodeList(e.ResourceKeys))
+	resourceKeys, err := decodeList(keys)
 	if err != nil {
 		delete(c.executions, e.ID)
 		return
 	}
-	writing, err := decodeList(encodeList(e.Writing))
+	writers, err := decodeList(writing)
 	if err != nil {
 		delete(c.executions, e.ID)
 		return
 	}
-	old.Writing = writing
 	old.Status = e.Status
 	old.FailureReason = e.FailureReason
 	old.UpdatedAt = fromTS(ts(e.UpdatedAt))
-	old.ResourceKeys = keys
+	old.ResourceKeys, old.Writing = resourceKeys, writers
 	old.DispatchID = e.DispatchID
 	old.LastSeq, old.StepOrder, old.StepCount, old.ByteCount = e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount
 }

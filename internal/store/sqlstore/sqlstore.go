@@ -289,8 +289,9 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 	const rest = ` failure_reason = ?, updated_at = ?, resource_keys = ?, dispatch_id = ?,
  last_seq = ?, step_order = ?, step_count = ?, byte_count = ?, writing = ? WHERE id = ?`
-	args := []any{e.FailureReason, ts(e.UpdatedAt), encodeList(e.ResourceKeys), e.DispatchID,
-		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, encodeList(e.Writing), e.ID}
+	keys, writing := encodeList(e.ResourceKeys), encodeList(e.Writing)
+	args := []any{e.FailureReason, ts(e.UpdatedAt), keys, e.DispatchID,
+		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, writing, e.ID}
 	var err error
 	if t.statusOf == e.ID && t.status == e.Status {
 		err = t.Queries.exec(ctx, `UPDATE executions SET`+rest, args...)
@@ -305,7 +306,7 @@ func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 	}
 	t.statusOf, t.status = e.ID, e.Status
 	if t.cache != nil {
-		t.cache.updatedExecution(e)
+		t.cache.updatedExecution(e, keys, writing)
 	}
 	return nil
 }
