@@ -155,9 +155,9 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 		}
 		// The occurrence is the agent's when it names one (checked against
 		// the highest recorded), else the next of this dispatch's counter.
-		// Whether a step with the id may be recorded: not when the agent
-		// names the occurrence after the highest one recorded, which spares
-		// every new step of an agent that sends occurrences a read.
+		// mayExist says whether a step with the resulting id can be recorded
+		// already: not when the agent names the occurrence after the highest
+		// one, which spares each new step of such an agent a read.
 		occ, consumed, hasCounter, mayExist := int64(0), int64(0), false, true
 		if !r.HasOccurrence {
 			var err error
