@@ -22,17 +22,29 @@ func BenchmarkStepRoundTrip(b *testing.B) {
 	k, _, e, h := benchExecution(b, ":memory:")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		raw := fmt.Appendf(nil, `{"q":%d}`, i)
-		v, _ := jsonx.Parse(raw, 128)
-		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
-		if err != nil || d.Decision != wire.DecisionProceed {
-			b.Fatal(err, d)
-		}
-		out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, e.ID, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
-		if err != nil || out.Decision != wire.DecisionRecorded {
-			b.Fatal(err, out)
+		if err := roundTrip(ctx, k, e.ID, h, wire.KindToolCall, i, okResult); err != nil {
+			b.Fatal(err)
 		}
 	}
+}
+
+// okResult is the result the benchmarks' steps record.
+var okResult = []byte(`{"ok":true}`)
+
+// roundTrip makes step i as an agent makes a new one: its submit, naming its
+// occurrence, answered proceed, then its result, answered recorded.
+func roundTrip(ctx context.Context, k *Kernel, id string, h DispatchHeaders, kind string, i int, result []byte) error {
+	raw := fmt.Appendf(nil, `{"q":%d}`, i)
+	v, _ := jsonx.Parse(raw, 128)
+	d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, id, h, SubmitRequest{Kind: kind, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
+	if err != nil || d.Decision != wire.DecisionProceed {
+		return fmt.Errorf("submit %d: %v %+v", i, err, d)
+	}
+	out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, id, d.StepID, h, OutcomeRequest{Succeeded: true, Value: result})
+	if err != nil || out.Decision != wire.DecisionRecorded {
+		return fmt.Errorf("complete %d: %v %+v", i, err, out)
+	}
+	return nil
 }
 
 // BenchmarkStepsConcurrent measures the same round trip made by 64
@@ -66,17 +78,8 @@ func BenchmarkStepsConcurrent(b *testing.B) {
 	for id, h := range leases {
 		go func() {
 			for i := range per {
-				raw := fmt.Appendf(nil, `{"q":%d}`, i)
-				v, _ := jsonx.Parse(raw, 128)
-				d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, id, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t",
-					Args: raw, ArgsValue: v, HasOccurrence: true})
-				if err != nil || d.Decision != wire.DecisionProceed {
-					errs <- fmt.Errorf("submit: %v %+v", err, d)
-					return
-				}
-				out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, id, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
-				if err != nil || out.Decision != wire.DecisionRecorded {
-					errs <- fmt.Errorf("complete: %v %+v", err, out)
+				if err := roundTrip(ctx, k, id, h, wire.KindToolCall, i, okResult); err != nil {
+					errs <- err
 					return
 				}
 			}
@@ -98,13 +101,7 @@ func BenchmarkFork10000(b *testing.B) {
 	k, st, e, h := benchExecution(b, b.TempDir()+"/fork.db")
 	result := []byte(`"` + strings.Repeat("x", 4096) + `"`)
 	for i := 0; i < 10000; i++ {
-		raw := fmt.Appendf(nil, `{"q":%d}`, i)
-		v, _ := jsonx.Parse(raw, 128)
-		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: wire.KindToolCall, Target: "t", Args: raw, ArgsValue: v})
-		if err != nil || d.Decision != wire.DecisionProceed {
-			b.Fatal(err, d)
-		}
-		if _, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, e.ID, d.StepID, h, OutcomeRequest{Succeeded: true, Value: result}); err != nil {
+		if err := roundTrip(ctx, k, e.ID, h, wire.KindToolCall, i, result); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -2,12 +2,10 @@ package kernel
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/rebuno/rebuno/internal/jsonx"
 	"github.com/rebuno/rebuno/internal/store/sqlite"
 	"github.com/rebuno/rebuno/internal/wire"
 )
@@ -47,15 +45,8 @@ func testPagesPerStep(t *testing.T, kind string, bound float64) {
 		return st.Size()
 	}
 	step := func(i int) {
-		raw := fmt.Appendf(nil, `{"q":%d}`, i)
-		v, _ := jsonx.Parse(raw, 128)
-		d, err := k.SubmitStep(ctx, Caller{Agent: "a"}, e.ID, h, SubmitRequest{Kind: kind, Target: "t", Args: raw, ArgsValue: v, HasOccurrence: true})
-		if err != nil || d.Decision != wire.DecisionProceed {
-			t.Fatal(err, d)
-		}
-		out, err := k.RecordOutcome(ctx, Caller{Agent: "a"}, e.ID, d.StepID, h, OutcomeRequest{Succeeded: true, Value: []byte(`{"ok":true}`)})
-		if err != nil || out.Decision != wire.DecisionRecorded {
-			t.Fatal(err, out)
+		if err := roundTrip(ctx, k, e.ID, h, kind, i, okResult); err != nil {
+			t.Fatal(err)
 		}
 	}
 	// A few steps first, so that the log has its header and the B-trees
