@@ -81,6 +81,15 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || c.Duration != 2*time.Second || c.Warmup != 10*time.Second {
 		t.Fatalf("explicit -duration with -long: %+v %v", c, err)
 	}
+	// FORK and CEIL run only when named.
+	c, err = parseFlags(nil, &bytes.Buffer{})
+	if err != nil || !c.runs("P1") || c.runs("FORK") || c.runs("CEIL") {
+		t.Fatalf("defaults: %+v %v", c, err)
+	}
+	c, err = parseFlags([]string{"-only", "ceil"}, &bytes.Buffer{})
+	if err != nil || !c.runs("CEIL") || c.runs("P2") {
+		t.Fatalf("-only ceil: %+v %v", c, err)
+	}
 	if _, err := parseFlags([]string{"-only", "P9"}, &bytes.Buffer{}); err == nil {
 		t.Fatal("-only P9 accepted")
 	}

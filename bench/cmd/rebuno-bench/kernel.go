@@ -19,6 +19,7 @@ type kernelProc struct {
 	bin, db, token string
 	pin            pinning
 	gomaxprocs     int
+	null           bool // this binary as a null kernel (nullkernel.go), not bin
 
 	cmd    *exec.Cmd
 	Pid    int
@@ -41,8 +42,22 @@ func startKernel(bin, db, token string, pin pinning, gomaxprocs int) (*kernelPro
 	return k, k.start()
 }
 
+// startNullKernel launches this binary as a null kernel, pinned as a kernel
+// is.
+func startNullKernel(token string, pin pinning, gomaxprocs int) (*kernelProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	k := &kernelProc{bin: self, token: token, pin: pin, gomaxprocs: gomaxprocs, null: true}
+	return k, k.start()
+}
+
 func (k *kernelProc) start() error {
 	cmd := exec.Command(k.bin, "dev", "--db", k.db, "--listen-addr", "127.0.0.1:0", "--no-repl", "--bearer-token", k.token)
+	if k.null {
+		cmd = exec.Command(k.bin, nullKernelArg, "--bearer-token", k.token)
+	}
 	env := []string{}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GOMAXPROCS=") && !strings.HasPrefix(kv, "REBUNO_") {

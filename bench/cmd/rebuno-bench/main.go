@@ -52,7 +52,7 @@ type config struct {
 var allMetrics = []string{"P1", "P2", "P3", "P4", "P5"}
 
 // optionalMetrics run only when -only names them.
-var optionalMetrics = []string{"FORK"}
+var optionalMetrics = []string{"FORK", "CEIL"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rebuno-bench", flag.ContinueOnError)
@@ -62,7 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Long, "long", false, "make bench-long: 60s windows after 10s warm-up, and P5 up to 1,000,000 executions")
 	fs.DurationVar(&c.Warmup, "warmup", 5*time.Second, "warm-up before each measured window (default 10s with -long)")
 	fs.DurationVar(&c.Duration, "duration", 20*time.Second, "measured window per metric (default 60s with -long)")
-	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,P4,P5, and FORK, which runs only when named); P1–P5 when empty")
+	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,P4,P5, and FORK and CEIL, which run only when named); P1–P5 when empty")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "concurrent executions for P2 and P5")
 	fs.IntVar(&c.StepsPerExec, "steps-per-execution", 10000, "P1/P2: an execution is completed and replaced after this many steps")
 	fs.DurationVar(&c.P3Interval, "p3-load-interval", 50*time.Millisecond, "P3 under load: one probe execution every this long")
@@ -107,7 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			ok = ok || m == known
 		}
 		if !ok {
-			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5 or FORK)", m)
+			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5, FORK or CEIL)", m)
 		}
 		c.Only[m] = true
 	}
@@ -158,6 +158,14 @@ type bench struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == nullKernelArg {
+		// Pinned by the harness that started it, like the kernel.
+		if err := runNullKernel(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "rebuno-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	// Pin first, while the runtime has few threads.
 	noPin := false
 	for _, a := range os.Args[1:] {
@@ -259,7 +267,7 @@ func run(ctx context.Context, cfg *config, pin pinning, out io.Writer) error {
 		id  string
 		run func(context.Context) *metricResult
 	}{
-		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK},
+		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK}, {"CEIL", b.runCEIL},
 	}
 	for _, m := range metrics {
 		if !cfg.runs(m.id) {

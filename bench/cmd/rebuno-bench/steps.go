@@ -205,6 +205,73 @@ func (b *bench) runP2(ctx context.Context) *metricResult {
 		return m
 	}
 	defer b.stopKernel(k)
+	l := b.stepLoad(ctx, m, k, c, b.cfg.P3Interval)
+	rate := float64(l.steps) / b.cfg.Duration.Seconds()
+	m.addValue("throughput", rate, "steps/s (one step = submit + complete)")
+	m.addValue("steps in window", float64(l.steps), "")
+	m.addLatency("submit under load", l.sub)
+	m.addLatency("complete under load", l.comp)
+	m.addLatency("pair under load", l.pair)
+	m.addTarget("throughput", "≥ 5,000 steps/s", fmt.Sprintf("%.0f steps/s", rate), rate >= 5000)
+	if l.probe != nil {
+		b.p3UnderLoad = l.probe.dispatch
+		b.p3UnderLoadCreate = l.probe.created
+	}
+	if kcpu, gen, _ := m.cpu.result(); gen >= 0.95 {
+		m.note("the load generator used %.0f%% of its core: throughput may be limited by the generator, not the kernel", 100*gen)
+	} else if kcpu >= 0.95 {
+		m.note("the kernel used %.0f%% of its core: throughput is CPU-bound in the kernel", 100*kcpu)
+	}
+	return m
+}
+
+// runCEIL drives a null kernel (nullkernel.go), pinned and limited as the
+// kernel is, with P2's load. What it measures is not Rebuno: it is the most
+// P2 could show on this machine with a kernel whose work took no time, so
+// that P2's number can be read against what the machine allows.
+func (b *bench) runCEIL(ctx context.Context) *metricResult {
+	n := b.cfg.Concurrency
+	m := newMetric("CEIL", fmt.Sprintf("P2's load (%d executions looping steps) against a null kernel that records nothing", n))
+	m.Conditions = append([]string{"store: none; the null kernel checks signatures, parses JSON, hashes step identities and answers, recording nothing"},
+		b.conditions(fmt.Sprintf("%d executions, one request in flight each", n))[1:]...)
+	k, err := startNullKernel(b.token, b.pin, b.cfg.GOMAXPROCS)
+	if err != nil {
+		m.Failed = err.Error()
+		return m
+	}
+	b.running[k] = true
+	defer b.stopKernel(k)
+	c := newClient(k.URL, b.token, b.agentID, b.secret)
+	if err := c.register(b.recv.URL, leaseSeconds); err != nil {
+		m.Failed = fmt.Sprintf("register agent: %v", err)
+		return m
+	}
+	l := b.stepLoad(ctx, m, k, c, 0)
+	rate := float64(l.steps) / b.cfg.Duration.Seconds()
+	m.addValue("throughput", rate, "steps/s (one step = submit + complete)")
+	m.addLatency("pair under load", l.pair)
+	m.addCalibration("throughput", fmt.Sprintf("%.0f steps/s", rate))
+	kcpu, gen, _ := m.cpu.result()
+	if l.steps > 0 {
+		m.addValue("null kernel CPU per step", kcpu*b.cfg.Duration.Seconds()/float64(l.steps)*1e6, "µs of its core")
+		m.addValue("load generator CPU per step", gen*b.cfg.Duration.Seconds()/float64(l.steps)*1e6, "µs of its core")
+	}
+	m.note("a calibration, not a target: P2's 5,000 steps/s is reachable here only if this is well above it, and the kernel's own work must fit in what the null kernel leaves of its core")
+	return m
+}
+
+// load is what a step load measured in its window.
+type load struct {
+	steps           int64
+	sub, comp, pair []time.Duration
+	probe           *dispatchProbe
+}
+
+// stepLoad runs the configured number of step loops against k through c for
+// one warm-up and window, with a P3 probe every probeInterval unless 0, and
+// samples the CPU into m.
+func (b *bench) stepLoad(ctx context.Context, m *metricResult, k *kernelProc, c *client, probeInterval time.Duration) load {
+	n := b.cfg.Concurrency
 	from, to := b.window()
 	m.cpu = &cpuSampler{}
 	done := make(chan struct{})
@@ -218,41 +285,22 @@ func (b *bench) runP2(ctx context.Context) *metricResult {
 		wg.Add(1)
 		go func(w *stepWorker) { defer wg.Done(); w.run(ctx) }(workers[i])
 	}
-	var probe *dispatchProbe
-	if b.cfg.P3Interval > 0 {
-		probe = &dispatchProbe{c: c, r: b.recv, errs: m.errs, from: from, to: to, interval: b.cfg.P3Interval}
+	var l load
+	if probeInterval > 0 {
+		l.probe = &dispatchProbe{c: c, r: b.recv, errs: m.errs, from: from, to: to, interval: probeInterval}
 		wg.Add(1)
-		go func() { defer wg.Done(); probe.run(ctx) }()
+		go func() { defer wg.Done(); l.probe.run(ctx) }()
 	}
 	wg.Wait()
 	m.cpu.stop()
 	m.finishKernel(k)
-
-	var steps int64
-	var sub, comp, pair []time.Duration
 	for _, w := range workers {
-		steps += w.steps
-		sub = append(sub, w.sub...)
-		comp = append(comp, w.comp...)
-		pair = append(pair, w.pair...)
+		l.steps += w.steps
+		l.sub = append(l.sub, w.sub...)
+		l.comp = append(l.comp, w.comp...)
+		l.pair = append(l.pair, w.pair...)
 	}
-	rate := float64(steps) / b.cfg.Duration.Seconds()
-	m.addValue("throughput", rate, "steps/s (one step = submit + complete)")
-	m.addValue("steps in window", float64(steps), "")
-	m.addLatency("submit under load", sub)
-	m.addLatency("complete under load", comp)
-	m.addLatency("pair under load", pair)
-	m.addTarget("throughput", "≥ 5,000 steps/s", fmt.Sprintf("%.0f steps/s", rate), rate >= 5000)
-	if probe != nil {
-		b.p3UnderLoad = probe.dispatch
-		b.p3UnderLoadCreate = probe.created
-	}
-	if kcpu, gen, _ := m.cpu.result(); gen >= 0.95 {
-		m.note("the load generator used %.0f%% of its core: throughput may be limited by the generator, not the kernel", 100*gen)
-	} else if kcpu >= 0.95 {
-		m.note("the kernel used %.0f%% of its core: throughput is CPU-bound in the kernel", 100*kcpu)
-	}
-	return m
+	return l
 }
 
 func (b *bench) runP3(ctx context.Context) *metricResult {
