@@ -231,7 +231,7 @@ func (b *bench) runP2(ctx context.Context) *metricResult {
 // that P2's number can be read against what the machine allows.
 func (b *bench) runCEIL(ctx context.Context) *metricResult {
 	n := b.cfg.Concurrency
-	m := newMetric("CEIL", fmt.Sprintf("P2's load (%d executions looping steps) against a null kernel that records nothing", n))
+	m := newMetric("CEIL", fmt.Sprintf("P2's load (%d executions looping steps), then P1's, against a null kernel that records nothing", n))
 	m.Conditions = append([]string{"store: none; the null kernel checks signatures, parses JSON, hashes step identities and answers, recording nothing"},
 		b.conditions(fmt.Sprintf("%d executions, one request in flight each", n))[1:]...)
 	k, err := startNullKernel(b.token, b.pin, b.cfg.GOMAXPROCS)
@@ -256,7 +256,12 @@ func (b *bench) runCEIL(ctx context.Context) *metricResult {
 		m.addValue("null kernel CPU per step", kcpu*b.cfg.Duration.Seconds()/float64(l.steps)*1e6, "µs of its core")
 		m.addValue("load generator CPU per step", gen*b.cfg.Duration.Seconds()/float64(l.steps)*1e6, "µs of its core")
 	}
-	m.note("a calibration, not a target: P2's 5,000 steps/s is reachable here only if this is well above it, and the kernel's own work must fit in what the null kernel leaves of its core")
+	// P1's load too: what two round trips cost with nothing recorded.
+	from, to := b.window()
+	w := &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec}
+	w.run(ctx)
+	m.addLatency("pair, one at a time (P1's load)", w.pair)
+	m.note("a calibration, not a target: P2's 5,000 steps/s is reachable here only if this is well above it, and the kernel's own work must fit in what the null kernel leaves of its core; P1's pair cannot be faster than the null kernel's pair plus two durable commits")
 	return m
 }
 
