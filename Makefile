@@ -60,7 +60,7 @@ test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 bench: build $(SDK_VENV)/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
-	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK
+	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK,CEIL
 	$(GO) test -bench 'Evaluate200Rules' -run '^$$' ./internal/policy
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
