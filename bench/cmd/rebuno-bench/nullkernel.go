@@ -77,7 +77,7 @@ func runNullKernel(args []string) error {
 	return srv.Serve(ln)
 }
 
-// body reads a request's body and parses it as the kernel does.
+// nullBody reads a request's body and parses it as the kernel does.
 func nullBody(w http.ResponseWriter, r *http.Request) ([]byte, *jsonx.Value, bool) {
 	raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
