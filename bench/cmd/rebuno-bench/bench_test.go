@@ -95,6 +95,26 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// runHarness runs the harness unpinned with cfg, whose JSON must name a
+// file, and returns the report read back from it and what it printed.
+func runHarness(t *testing.T, cfg *config) (*Report, *bytes.Buffer) {
+	t.Helper()
+	var out bytes.Buffer
+	pin := pinning{KernelCPU: -1, SelfCPU: -1, Impossible: "not pinned in tests"}
+	if err := run(context.Background(), cfg, pin, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	b, err := os.ReadFile(cfg.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return &r, &out
+}
+
 // TestHarnessSmoke runs every metric for a fraction of a second against the
 // real kernel and checks that each produced numbers without errors.
 func TestHarnessSmoke(t *testing.T) {
@@ -108,19 +128,7 @@ func TestHarnessSmoke(t *testing.T) {
 		Concurrency: 8, StepsPerExec: 40, P3Interval: 20 * time.Millisecond, P4Large: 3000,
 		P5Base: 100, P5Large: 500, P5Steps: 1, JSON: jsonPath, TmpDir: t.TempDir(), GOMAXPROCS: 1,
 	}
-	var out bytes.Buffer
-	pin := pinning{KernelCPU: -1, SelfCPU: -1, Impossible: "not pinned in tests"}
-	if err := run(context.Background(), cfg, pin, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	var r Report
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r, out := runHarness(t, cfg)
 	if len(r.Metrics) != 5 || r.KernelVersion == "" || strings.HasPrefix(r.KernelVersion, "unknown") || r.FsyncSamples == 0 {
 		t.Fatalf("report header: %+v\n%s", r, out.String())
 	}

@@ -2,10 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"database/sql"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -43,19 +40,7 @@ func TestForkMetricSmoke(t *testing.T) {
 		Kernel: kt.Binary(t), Warmup: 0, Duration: time.Second, Only: map[string]bool{"FORK": true}, Concurrency: 1,
 		StepsPerExec: 1, P4Large: 1, P5Base: 1, P5Large: 2, ForkSteps: 300, ForkSamples: 3, JSON: jsonPath, TmpDir: t.TempDir(), GOMAXPROCS: 1,
 	}
-	var out bytes.Buffer
-	pin := pinning{KernelCPU: -1, SelfCPU: -1, Impossible: "not pinned in tests"}
-	if err := run(context.Background(), cfg, pin, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Report
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r, out := runHarness(t, cfg)
 	if len(r.Metrics) != 1 || r.Metrics[0].ID != "FORK" {
 		t.Fatalf("metrics %+v", r.Metrics)
 	}

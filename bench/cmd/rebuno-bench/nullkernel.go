@@ -92,19 +92,17 @@ func nullBody(w http.ResponseWriter, r *http.Request) ([]byte, *jsonx.Value, boo
 	return raw, v, true
 }
 
-func (n *nullKernel) bearer(w http.ResponseWriter, r *http.Request) bool {
+// client checks a client request's bearer token and reads its body.
+func (n *nullKernel) client(w http.ResponseWriter, r *http.Request) ([]byte, *jsonx.Value, bool) {
 	if !auth.BearerOK(r.Header.Get("Authorization"), n.token) {
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
-		return false
+		return nil, nil, false
 	}
-	return true
+	return nullBody(w, r)
 }
 
 func (n *nullKernel) register(w http.ResponseWriter, r *http.Request) {
-	if !n.bearer(w, r) {
-		return
-	}
-	raw, _, ok := nullBody(w, r)
+	raw, _, ok := n.client(w, r)
 	if !ok {
 		return
 	}
@@ -125,10 +123,7 @@ func (n *nullKernel) register(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *nullKernel) create(w http.ResponseWriter, r *http.Request) {
-	if !n.bearer(w, r) {
-		return
-	}
-	_, v, ok := nullBody(w, r)
+	_, v, ok := n.client(w, r)
 	if !ok {
 		return
 	}

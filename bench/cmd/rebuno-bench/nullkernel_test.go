@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -112,19 +111,7 @@ func TestCEILSmoke(t *testing.T) {
 		Only: map[string]bool{"CEIL": true}, Concurrency: 8, StepsPerExec: 40, JSON: jsonPath,
 		TmpDir: t.TempDir(), GOMAXPROCS: 1,
 	}
-	var out bytes.Buffer
-	pin := pinning{KernelCPU: -1, SelfCPU: -1, Impossible: "not pinned in tests"}
-	if err := run(context.Background(), cfg, pin, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Report
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r, out := runHarness(t, cfg)
 	if len(r.Metrics) != 1 || r.Metrics[0].ID != "CEIL" {
 		t.Fatalf("metrics %+v\n%s", r.Metrics, out.String())
 	}
