@@ -20,7 +20,6 @@ import (
 	"github.com/rebuno/rebuno/internal/clock"
 	"github.com/rebuno/rebuno/internal/config"
 	"github.com/rebuno/rebuno/internal/dispatch"
-	"github.com/rebuno/rebuno/internal/events"
 	"github.com/rebuno/rebuno/internal/kernel"
 	"github.com/rebuno/rebuno/internal/metrics"
 	"github.com/rebuno/rebuno/internal/store/sqlite"
@@ -97,8 +96,7 @@ func runDev(s *settings, stderr io.Writer) error {
 		CleanupInterval: s.CleanupInterval, MaxStepsPerExecution: s.MaxSteps, MaxExecutionBytes: s.MaxExecutionBytes,
 		RequireDispatchHeaders: s.RequireV1, ReplicaID: "dev",
 	}
-	k := kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Hub: events.NewHub(), Metrics: m, Logger: log,
-		Limiter: limiter})
+	k := kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Metrics: m, Logger: log, Limiter: limiter})
 
 	ctx := context.Background()
 	if len(manifest) > 0 {
@@ -132,7 +130,8 @@ func runDev(s *settings, stderr io.Writer) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		dispatch.New(k, int(s.DispatchConcurrency), s.DispatchTimeout, version, log).Run(workCtx)
+		limits := dispatch.Limits{Total: int(s.DispatchConcurrency), PerAgent: int(s.AgentConcurrency)}
+		dispatch.New(k, limits, s.DispatchTimeout, version, log).Run(workCtx)
 	}()
 	go func() { defer wg.Done(); k.RunWorkers(workCtx) }()
 

@@ -25,6 +25,7 @@ type settings struct {
 	DispatchMaxAttempts  int64
 	DispatchTimeout      time.Duration
 	DispatchConcurrency  int64
+	AgentConcurrency     int64
 	DispatchLeaseTimeout time.Duration
 	BackoffBase          time.Duration
 	BackoffMax           time.Duration
@@ -38,6 +39,8 @@ type settings struct {
 	MaxExecutionBytes    int64
 	ShutdownTimeout      time.Duration
 	NoREPL               bool
+	AllowedHosts         []string
+	AllowedOrigins       []string
 }
 
 // setting binds one flag and its variable to a parser.
@@ -113,6 +116,19 @@ func text(dst *string) func(string) error {
 	return func(s string) error { *dst = s; return nil }
 }
 
+// list parses a comma-separated list, dropping empty items.
+func list(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for _, item := range strings.Split(s, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				*dst = append(*dst, item)
+			}
+		}
+		return nil
+	}
+}
+
 func (s *settings) devSettings() []setting {
 	return []setting{
 		{flag: "listen-addr", env: "REBUNO_LISTEN_ADDR", def: "127.0.0.1:8080", usage: "host:port to listen on", parse: func(v string) error {
@@ -126,7 +142,9 @@ func (s *settings) devSettings() []setting {
 		{flag: "log-format", env: "REBUNO_LOG_FORMAT", def: "text", usage: "text or json (to stderr)", parse: oneOf(&s.LogFormat, "text", "json")},
 		{flag: "config", env: "REBUNO_CONFIG", usage: "provisioning manifest (YAML)", parse: text(&s.Config)},
 		{flag: "bearer-token", env: "REBUNO_BEARER_TOKEN", usage: "token clients must send; auth is off without one", parse: text(&s.BearerToken)},
-		{flag: "require-v1-signatures", env: "REBUNO_REQUIRE_V1_SIGNATURES", def: "false", isBool: true, usage: "refuse legacy body-only agent signatures", parse: boolean(&s.RequireV1)},
+		{flag: "require-v1-signatures", env: "REBUNO_REQUIRE_V1_SIGNATURES", def: "true", isBool: true, usage: "refuse legacy body-only agent signatures (false accepts them, for old agents)", parse: boolean(&s.RequireV1)},
+		{flag: "allowed-hosts", env: "REBUNO_ALLOWED_HOSTS", usage: "comma-separated host names requests may address besides localhost and IP addresses (* allows any)", parse: list(&s.AllowedHosts)},
+		{flag: "allowed-origins", env: "REBUNO_ALLOWED_ORIGINS", usage: "comma-separated browser origins (scheme://host[:port]) allowed to make changes", parse: list(&s.AllowedOrigins)},
 		{flag: "db", env: "REBUNO_DB", def: ".rebuno/rebuno.db", usage: "SQLite file (:memory: for a throwaway database)", parse: func(v string) error {
 			if v == "" {
 				return fmt.Errorf("must not be empty")
@@ -137,6 +155,7 @@ func (s *settings) devSettings() []setting {
 		{flag: "dispatch-max-attempts", env: "REBUNO_DISPATCH_MAX_ATTEMPTS", def: "5", usage: "deliveries without progress before an execution fails", parse: intAtLeast(&s.DispatchMaxAttempts, 1)},
 		{flag: "dispatch-timeout", env: "REBUNO_DISPATCH_TIMEOUT", def: "30s", usage: "bound on one webhook delivery", parse: durationAtLeast(&s.DispatchTimeout, 0, true)},
 		{flag: "dispatch-concurrency", env: "REBUNO_DISPATCH_CONCURRENCY", def: "64", usage: "deliveries in flight at once", parse: intAtLeast(&s.DispatchConcurrency, 1)},
+		{flag: "dispatch-agent-concurrency", env: "REBUNO_DISPATCH_AGENT_CONCURRENCY", def: "0", usage: "deliveries in flight at once for any one agent (0: a quarter of --dispatch-concurrency)", parse: intAtLeast(&s.AgentConcurrency, 0)},
 		{flag: "dispatch-lease-timeout", env: "REBUNO_DISPATCH_LEASE_TIMEOUT", def: "2m", usage: "lease of agents without their own", parse: durationAtLeast(&s.DispatchLeaseTimeout, 0, true)},
 		{flag: "dispatch-backoff-base", env: "REBUNO_DISPATCH_BACKOFF_BASE", def: "1s", usage: "first retry delay", parse: durationAtLeast(&s.BackoffBase, 0, true)},
 		{flag: "dispatch-backoff-max", env: "REBUNO_DISPATCH_BACKOFF_MAX", def: "30s", usage: "largest retry delay", parse: durationAtLeast(&s.BackoffMax, 0, true)},
@@ -192,6 +211,12 @@ func (s *settings) resolve(fs *pflag.FlagSet, list []setting) error {
 	}
 	if s.DispatchLeaseTimeout <= s.DispatchTimeout {
 		return &configError{msg: "invalid REBUNO_DISPATCH_LEASE_TIMEOUT (--dispatch-lease-timeout): must be > --dispatch-timeout"}
+	}
+	if s.AgentConcurrency == 0 {
+		s.AgentConcurrency = max(1, s.DispatchConcurrency/4)
+	}
+	if s.AgentConcurrency > s.DispatchConcurrency {
+		return &configError{msg: "invalid REBUNO_DISPATCH_AGENT_CONCURRENCY (--dispatch-agent-concurrency): must be <= --dispatch-concurrency"}
 	}
 	if s.MaxExecutionBytes < s.MaxBodyBytes {
 		return &configError{msg: "invalid REBUNO_MAX_EXECUTION_BYTES (--max-execution-bytes): must be >= --max-body-bytes"}

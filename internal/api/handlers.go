@@ -688,7 +688,7 @@ func handleHealth(c *call) error {
 func handleReady(c *call) error {
 	ctx, cancel := context.WithTimeout(c.ctx(), 2*time.Second)
 	defer cancel()
-	if c.s.draining.Load() || c.s.k.Store().Ping(ctx) != nil {
+	if c.s.draining.Load() || c.s.k.Ready(ctx) != nil {
 		c.writeJSON(http.StatusServiceUnavailable, []byte(`{"status":"unavailable"}`))
 		return nil
 	}

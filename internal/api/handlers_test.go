@@ -323,7 +323,7 @@ func TestDeltaAndHeartbeatHandlers(t *testing.T) {
 	dec := v.do(req{method: "POST", target: "/v0/executions/" + e.ID + "/steps", body: `{"kind":"llm_call","target":"m"}`, agent: "a1", header: dispatchHeader(del)})
 	step := jsonOf(t, dec, 200).Get("step_id").Str
 	stream := "/v0/executions/" + e.ID + "/steps/" + step + "/stream"
-	sub := v.k.Hub().SubscribeDeltas(e.ID)
+	sub := v.k.SubscribeDeltas(e.ID)
 	defer sub.Close()
 	for _, body := range []string{`{"seq":"1","data":"x"}`, `{"seq":1.5,"data":"x"}`, `{"seq":-1,"data":"x"}`, `{"seq":9223372036854775808,"data":"x"}`,
 		`{"data":"x"}`, `{"seq":1}`, `{"seq":1,"data":null}`, `{"seq":1,"data":5}`, `{"seq":1,"data":"` + strings.Repeat("x", 7001) + `"}`, ``, `{"seq":1,"data":"x","extra":1}`} {

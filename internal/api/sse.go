@@ -71,7 +71,7 @@ func handleEventStream(c *call) error {
 	}
 	k := c.s.k
 	// Subscribe before the first read so that no commit is missed.
-	tail := k.Hub().SubscribeTail(id)
+	tail := k.SubscribeTail(id)
 	defer tail.Close()
 	e, err := k.GetExecution(c.ctx(), c.caller, id)
 	if err != nil {
@@ -91,7 +91,7 @@ func handleEventStream(c *call) error {
 	defer idle.Stop()
 	for {
 		for {
-			evs, err := k.Store().Read().Events(c.ctx(), id, cursor, wire.MaxEventsLimit)
+			evs, err := k.StreamEvents(c.ctx(), id, cursor, wire.MaxEventsLimit)
 			if err != nil {
 				return nil
 			}
@@ -108,7 +108,7 @@ func handleEventStream(c *call) error {
 				break
 			}
 		}
-		e, err := k.Store().Read().Execution(c.ctx(), id)
+		e, err := k.StreamHead(c.ctx(), id)
 		if err != nil {
 			return nil
 		}
@@ -167,7 +167,7 @@ func handleDeltaStream(c *call) error {
 		return err
 	}
 	k := c.s.k
-	sub := k.Hub().SubscribeDeltas(id)
+	sub := k.SubscribeDeltas(id)
 	defer sub.Close()
 	e, err := k.GetExecution(c.ctx(), c.caller, id)
 	if err != nil {
@@ -193,7 +193,7 @@ func handleDeltaStream(c *call) error {
 				return nil
 			}
 		case <-sub.Wake:
-			e, err := k.Store().Read().Execution(c.ctx(), id)
+			e, err := k.StreamHead(c.ctx(), id)
 			if err != nil || wire.ExecTerminal(e.Status) {
 				return nil
 			}

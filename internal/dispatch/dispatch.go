@@ -1,7 +1,12 @@
 // Package dispatch delivers webhooks to agents. It claims due dispatches the
 // moment the kernel enqueues them (no polling delay), delivers each on its own
-// goroutine so a slow agent never delays another, records the outcome, and
-// reclaims leases that expire.
+// goroutine so a slow agent never delays another, and records the outcome.
+//
+// Capacity is shared fairly: at most Limits.Total deliveries run at once and
+// at most Limits.PerAgent of them for any one agent, so an agent whose webhook
+// hangs, crawls or fails can fill its own share and never another agent's.
+// When due work waits only for capacity, the dispatcher sleeps until a
+// delivery ends or new work falls due; it never spins.
 package dispatch
 
 import (
@@ -12,8 +17,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/auth"
@@ -26,25 +33,38 @@ import (
 // pollInterval is the fallback for missed wake-ups (§8.1: at least once a second).
 const pollInterval = time.Second
 
+// lockedRetry is how soon a claim that found its execution locked by another
+// transaction (another process claiming it, or an agent request) is tried
+// again.
+const lockedRetry = 5 * time.Millisecond
+
+// Limits bound concurrent deliveries.
+type Limits struct {
+	Total    int // across all agents (--dispatch-concurrency)
+	PerAgent int // for any one agent (--dispatch-agent-concurrency)
+}
+
 // Dispatcher runs the delivery loop.
 type Dispatcher struct {
-	k           *kernel.Kernel
-	client      *http.Client
-	concurrency int
-	timeout     time.Duration
-	version     string
-	log         *slog.Logger
+	k       *kernel.Kernel
+	client  *http.Client
+	limits  Limits
+	timeout time.Duration
+	version string
+	log     *slog.Logger
 
 	mu        sync.Mutex
-	inFlight  map[string]bool // dispatch ids being delivered by this replica
-	sem       chan struct{}
+	inFlight  map[string]bool // dispatch ids being delivered by this process
+	byAgent   map[string]int  // deliveries in flight per agent
 	lastDepth time.Time
+	rounds    atomic.Int64 // loop rounds, for the test that the loop does not spin
 }
 
 // New returns a dispatcher for k.
-func New(k *kernel.Kernel, concurrency int, timeout time.Duration, version string, log *slog.Logger) *Dispatcher {
+func New(k *kernel.Kernel, limits Limits, timeout time.Duration, version string, log *slog.Logger) *Dispatcher {
+	limits.PerAgent = max(1, min(limits.PerAgent, limits.Total))
 	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = concurrency
+	transport.MaxIdleConnsPerHost = limits.PerAgent
 	return &Dispatcher{
 		k: k,
 		client: &http.Client{
@@ -52,12 +72,12 @@ func New(k *kernel.Kernel, concurrency int, timeout time.Duration, version strin
 			// A redirect is a failed attempt (§8.3).
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		concurrency: concurrency,
-		timeout:     timeout,
-		version:     version,
-		log:         log,
-		inFlight:    map[string]bool{},
-		sem:         make(chan struct{}, concurrency),
+		limits:   limits,
+		timeout:  timeout,
+		version:  version,
+		log:      log,
+		inFlight: map[string]bool{},
+		byAgent:  map[string]int{},
 	}
 }
 
@@ -66,47 +86,71 @@ func New(k *kernel.Kernel, concurrency int, timeout time.Duration, version strin
 func (d *Dispatcher) Run(ctx context.Context) {
 	c := d.k.Clock()
 	for ctx.Err() == nil {
-		d.reclaim(ctx)
-		d.claimDue(ctx)
+		d.rounds.Add(1)
+		claimed, locked := d.claimDue(ctx)
 		d.observeQueue(ctx)
-		next, err := d.k.Store().Read().NextWake(ctx)
-		if err != nil && ctx.Err() == nil {
-			d.workerError(err)
+		next := d.nextClaimable(ctx)
+		switch {
+		case locked:
+			next = c.Now().Add(lockedRetry)
+		case claimed == 0 && !next.After(c.Now()):
+			// Due rows that could not be claimed (another process took them
+			// between the query and the claim): wait for news, do not spin.
+			next = time.Time{}
 		}
 		clock.Wait(c, next, pollInterval, d.k.DispatchWake(), ctx.Done())
 	}
 }
 
-func (d *Dispatcher) reclaim(ctx context.Context) {
-	refs, err := d.k.Store().Read().ExpiredLeases(ctx, d.k.Clock().Now(), 100)
-	if err != nil {
-		if ctx.Err() == nil {
-			d.workerError(err)
-		}
-		return
-	}
-	for _, ref := range refs {
-		if err := d.k.ReclaimLease(ctx, ref); err != nil && ctx.Err() == nil {
-			d.workerError(err)
+// capacity is how many deliveries may start now and which agents are at
+// their share.
+func (d *Dispatcher) capacity() (free int, full []string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for agent, n := range d.byAgent {
+		if n >= d.limits.PerAgent {
+			full = append(full, agent)
 		}
 	}
+	slices.Sort(full)
+	return d.limits.Total - len(d.inFlight), full
 }
 
-func (d *Dispatcher) claimDue(ctx context.Context) {
-	free := d.concurrency - len(d.sem)
+// nextClaimable is when the next dispatch this process could take falls due:
+// zero (wait for a delivery to end, or the poll) when all capacity is in use.
+func (d *Dispatcher) nextClaimable(ctx context.Context) time.Time {
+	free, full := d.capacity()
 	if free <= 0 {
-		return
+		return time.Time{}
 	}
-	refs, err := d.k.Store().Read().DueDispatches(ctx, d.k.Clock().Now(), free)
+	next, err := d.k.NextDue(ctx, full)
+	if err != nil && ctx.Err() == nil {
+		d.workerError(err)
+	}
+	return next
+}
+
+// claimDue claims what is due, as far as capacity allows, and starts each
+// delivery. It reports how many it claimed and whether a claim found its
+// execution locked.
+func (d *Dispatcher) claimDue(ctx context.Context) (claimed int, locked bool) {
+	free, full := d.capacity()
+	if free <= 0 {
+		return 0, false
+	}
+	refs, err := d.k.DueDispatches(ctx, free, full)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.workerError(err)
 		}
-		return
+		return 0, false
 	}
-	var wg sync.WaitGroup
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
 	for _, ref := range refs {
-		if !d.reserve(ref.ID) {
+		if !d.reserve(ref) {
 			continue
 		}
 		wg.Add(1)
@@ -115,44 +159,52 @@ func (d *Dispatcher) claimDue(ctx context.Context) {
 			defer wg.Done()
 			del, err := d.k.ClaimDispatch(ctx, ref)
 			if err != nil || del == nil {
-				if err != nil && ctx.Err() == nil {
+				if errors.Is(err, store.ErrLocked) {
+					mu.Lock()
+					locked = true
+					mu.Unlock()
+				} else if err != nil && ctx.Err() == nil {
 					d.workerError(err)
 				}
-				d.release(ref.ID)
+				d.release(ref)
 				return
 			}
-			go d.deliver(ctx, del)
+			mu.Lock()
+			claimed++
+			mu.Unlock()
+			go d.deliver(ctx, ref, del)
 		}(ref)
 	}
 	wg.Wait()
+	return claimed, locked
 }
 
-func (d *Dispatcher) reserve(id string) bool {
+// reserve takes a delivery slot for ref, within the total and its agent's
+// share.
+func (d *Dispatcher) reserve(ref store.DispatchRef) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.inFlight[id] {
+	if d.inFlight[ref.ID] || len(d.inFlight) >= d.limits.Total || d.byAgent[ref.AgentID] >= d.limits.PerAgent {
 		return false
 	}
-	select {
-	case d.sem <- struct{}{}:
-	default:
-		return false
-	}
-	d.inFlight[id] = true
+	d.inFlight[ref.ID] = true
+	d.byAgent[ref.AgentID]++
 	return true
 }
 
-func (d *Dispatcher) release(id string) {
+func (d *Dispatcher) release(ref store.DispatchRef) {
 	d.mu.Lock()
-	delete(d.inFlight, id)
+	delete(d.inFlight, ref.ID)
+	if d.byAgent[ref.AgentID]--; d.byAgent[ref.AgentID] <= 0 {
+		delete(d.byAgent, ref.AgentID)
+	}
 	d.mu.Unlock()
-	<-d.sem
 	// Capacity is free again: due work that did not fit may now be claimed.
 	d.k.WakeDispatcher()
 }
 
-func (d *Dispatcher) deliver(ctx context.Context, del *kernel.Delivery) {
-	defer d.release(del.DispatchID)
+func (d *Dispatcher) deliver(ctx context.Context, ref store.DispatchRef, del *kernel.Delivery) {
+	defer d.release(ref)
 	out := d.post(ctx, del)
 	if ctx.Err() != nil {
 		return
@@ -217,7 +269,7 @@ func (d *Dispatcher) observeQueue(ctx context.Context) {
 		return
 	}
 	d.lastDepth = time.Now()
-	n, err := d.k.Store().Read().QueueDepth(ctx, d.k.Clock().Now())
+	n, err := d.k.QueueDepth(ctx)
 	if err == nil {
 		d.k.Metrics().QueueDepth.Set(float64(n))
 	}

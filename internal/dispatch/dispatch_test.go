@@ -35,6 +35,7 @@ const secret = "webhook-secret-0123456789"
 
 type env struct {
 	t   *testing.T
+	st  store.Store
 	k   *kernel.Kernel
 	clk *clock.Manual
 	ctx context.Context
@@ -52,7 +53,7 @@ func newEnv(t *testing.T, tweak ...func(c *kernel.Config)) *env {
 		f(&cfg)
 	}
 	clk := clock.NewManual(t0)
-	return &env{t: t, k: kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Logger: quiet}), clk: clk, ctx: context.Background()}
+	return &env{t: t, st: st, k: kernel.New(kernel.Options{Store: st, Clock: clk, Config: cfg, Logger: quiet}), clk: clk, ctx: context.Background()}
 }
 
 // create registers agent id with url (once) and creates an execution.
@@ -72,7 +73,7 @@ func (v *env) create(id, url string) *store.Execution {
 
 func (v *env) events(id string) []*store.Event {
 	v.t.Helper()
-	evs, err := v.k.Store().Read().Events(v.ctx, id, 0, 1000)
+	evs, err := v.st.Read().Events(v.ctx, id, 0, 1000)
 	if err != nil {
 		v.t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func (v *env) waitEvent(id string, types ...string) *store.Event {
 
 func (v *env) dispatch(id string) *store.Dispatch {
 	v.t.Helper()
-	d, err := v.k.Store().Read().Dispatch(v.ctx, id)
+	d, err := v.st.Read().Dispatch(v.ctx, id)
 	if err != nil {
 		v.t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func TestDeliverySuccess(t *testing.T) {
 	}))
 	defer srv.Close()
 	e := v.create("a1", srv.URL+"/hook")
-	d := New(v.k, 4, 5*time.Second, "1.2.3", quiet)
+	d := New(v.k, Limits{Total: 4, PerAgent: 4}, 5*time.Second, "1.2.3", quiet)
 	v.clk.Advance(250 * time.Millisecond)
 	d.claimDue(v.ctx)
 
@@ -211,7 +212,7 @@ func TestDeliverySuccess(t *testing.T) {
 	if got := testutil.ToFloat64(m.DispatchOutcomes.WithLabelValues("success")); got != 1 {
 		t.Fatalf("dispatch_outcomes_total{success} = %v", got)
 	}
-	waitFor(t, "the delivery slot to be released", func() bool { return len(d.sem) == 0 })
+	waitFor(t, "the delivery slot to be released", func() bool { return d.busy() == 0 })
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -291,7 +292,7 @@ func TestFailedAttempts(t *testing.T) {
 			srv := httptest.NewServer(tc.handler)
 			defer srv.Close()
 			e := v.create("a1", srv.URL)
-			d := New(v.k, 4, 200*time.Millisecond, "test", quiet)
+			d := New(v.k, Limits{Total: 4, PerAgent: 4}, 200*time.Millisecond, "test", quiet)
 			d.claimDue(v.ctx)
 			ev := v.waitEvent(e.ID, wire.EventDispatchFailed, wire.EventDispatchAcked)
 			if ev.Type != wire.EventDispatchFailed {
@@ -325,7 +326,7 @@ func TestConnectionRefused(t *testing.T) {
 	url := srv.URL
 	srv.Close()
 	e := v.create("a1", url)
-	d := New(v.k, 1, time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 1, PerAgent: 1}, time.Second, "test", quiet)
 	d.claimDue(v.ctx)
 	ev := v.waitEvent(e.ID, wire.EventDispatchFailed)
 	p := payload(t, ev)
@@ -336,7 +337,7 @@ func TestConnectionRefused(t *testing.T) {
 
 func TestPostBadURL(t *testing.T) {
 	v := newEnv(t)
-	d := New(v.k, 1, time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 1, PerAgent: 1}, time.Second, "test", quiet)
 	out := d.post(v.ctx, &kernel.Delivery{WebhookURL: "http://[::1", Secret: "s"})
 	if out.Acked || !strings.HasPrefix(out.Error, "bad webhook url") {
 		t.Fatalf("outcome = %+v", out)
@@ -360,7 +361,7 @@ func TestResponseBodyReadIsCapped(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	d := New(v.k, 1, 30*time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 1, PerAgent: 1}, 30*time.Second, "test", quiet)
 	begin := time.Now()
 	out := d.post(v.ctx, &kernel.Delivery{WebhookURL: srv.URL, Secret: "s", ExecutionID: "e", DispatchID: "d", Attempt: 1, LeaseTimeout: 120})
 	if !out.Acked || out.HTTPStatus != 200 {
@@ -393,7 +394,7 @@ func TestConcurrencyBound(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		ids = append(ids, v.create("a1", srv.URL).ID)
 	}
-	d := New(v.k, 2, 30*time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 2, PerAgent: 2}, 30*time.Second, "test", quiet)
 	ctx, cancel := context.WithCancel(v.ctx)
 	stopped := make(chan struct{})
 	go func() { d.Run(ctx); close(stopped) }()
@@ -435,7 +436,7 @@ func TestConcurrencyBound(t *testing.T) {
 
 func (v *env) execDispatch(id string) string {
 	v.t.Helper()
-	e, err := v.k.Store().Read().Execution(v.ctx, id)
+	e, err := v.st.Read().Execution(v.ctx, id)
 	if err != nil {
 		v.t.Fatal(err)
 	}
@@ -451,7 +452,7 @@ func TestSlowWebhookDoesNotDelayOthers(t *testing.T) {
 	fast := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer fast.Close()
 	es := v.create("slow", slow.URL)
-	d := New(v.k, 8, 30*time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 8, PerAgent: 8}, 30*time.Second, "test", quiet)
 	ctx, cancel := context.WithCancel(v.ctx)
 	stopped := make(chan struct{})
 	go func() { d.Run(ctx); close(stopped) }()
@@ -483,12 +484,15 @@ func TestRunRetriesAndReclaims(t *testing.T) {
 	}))
 	defer srv.Close()
 	e := v.create("a1", srv.URL)
-	d := New(v.k, 4, 5*time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 4, PerAgent: 4}, 5*time.Second, "test", quiet)
 	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
+	stopped := make(chan struct{}, 2)
+	go func() { d.Run(ctx); stopped <- struct{}{} }()
+	// Lease reclaim is one of the kernel's duties.
+	go func() { v.k.RunWorkers(ctx); stopped <- struct{}{} }()
 	defer func() {
 		cancel()
+		<-stopped
 		<-stopped
 	}()
 
@@ -528,9 +532,81 @@ func TestObserveQueue(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		v.create("a1", "http://127.0.0.1:9/")
 	}
-	d := New(v.k, 1, time.Second, "test", quiet)
+	d := New(v.k, Limits{Total: 1, PerAgent: 1}, time.Second, "test", quiet)
 	d.observeQueue(v.ctx)
 	if got := testutil.ToFloat64(v.k.Metrics().QueueDepth); got != 3 {
 		t.Fatalf("queue_depth = %v, want 3", got)
+	}
+}
+
+// busy counts the deliveries in flight.
+func (d *Dispatcher) busy() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.inFlight)
+}
+
+// An agent whose webhook hangs fills its own share of the delivery slots and
+// no more: another agent's executions are delivered at once.
+func TestAgentShareBound(t *testing.T) {
+	v := newEnv(t)
+	release := make(chan struct{})
+	var hanging, maxHanging atomic.Int32
+	stuck := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := hanging.Add(1)
+		for m := maxHanging.Load(); n > m && !maxHanging.CompareAndSwap(m, n); m = maxHanging.Load() {
+		}
+		<-release
+		hanging.Add(-1)
+	}))
+	defer stuck.Close()
+	defer close(release)
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer healthy.Close()
+	for i := 0; i < 10; i++ {
+		v.create("stuck", stuck.URL)
+	}
+	d := New(v.k, Limits{Total: 4, PerAgent: 2}, 30*time.Second, "test", quiet)
+	ctx, cancel := context.WithCancel(v.ctx)
+	stopped := make(chan struct{})
+	go func() { d.Run(ctx); close(stopped) }()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	waitFor(t, "the stuck agent's share in flight", func() bool { return hanging.Load() == 2 })
+	for i := 0; i < 5; i++ {
+		e := v.create("healthy", healthy.URL)
+		v.waitEvent(e.ID, wire.EventDispatchAcked)
+	}
+	if n := maxHanging.Load(); n != 2 {
+		t.Fatalf("the stuck agent had %d deliveries at once, want its share of 2", n)
+	}
+}
+
+// With every slot held by deliveries that hang and more work due, the loop
+// sleeps until a slot frees: it does not spin on the due work it cannot take.
+func TestNoSpinWhileFull(t *testing.T) {
+	v := newEnv(t)
+	release := make(chan struct{})
+	stuck := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer stuck.Close()
+	defer close(release)
+	for i := 0; i < 6; i++ {
+		v.create("stuck", stuck.URL)
+	}
+	d := New(v.k, Limits{Total: 2, PerAgent: 2}, 30*time.Second, "test", quiet)
+	ctx, cancel := context.WithCancel(v.ctx)
+	stopped := make(chan struct{})
+	go func() { d.Run(ctx); close(stopped) }()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	waitFor(t, "both slots in use", func() bool { return d.busy() == 2 })
+	before := d.rounds.Load()
+	time.Sleep(300 * time.Millisecond) // a window to count loop rounds in, not synchronisation
+	if n := d.rounds.Load() - before; n > 5 {
+		t.Fatalf("the loop ran %d rounds in 300 ms while full: it spins", n)
 	}
 }

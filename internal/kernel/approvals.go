@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/rebuno/rebuno/internal/clock"
 	"github.com/rebuno/rebuno/internal/jsonx"
 	"github.com/rebuno/rebuno/internal/policy"
 	"github.com/rebuno/rebuno/internal/store"
@@ -219,31 +218,6 @@ func (k *Kernel) ExpireApproval(ctx context.Context, ref store.ApprovalRef) erro
 		}
 		return o.resume()
 	})
-}
-
-// approvalLoop expires approvals within a second of their timeout, each in
-// its own transaction so that one failure never holds back the others.
-func (k *Kernel) approvalLoop(ctx context.Context) {
-	for ctx.Err() == nil {
-		changed := k.clock.Changed()
-		refs, err := k.store.Read().ExpiredApprovals(ctx, k.clock.Now(), 100)
-		if err != nil {
-			k.workerError("approval_expiry", err)
-		}
-		for _, ref := range refs {
-			if err := k.ExpireApproval(ctx, ref); err != nil {
-				k.workerError("approval_expiry", err)
-			}
-		}
-		if len(refs) == 100 {
-			continue
-		}
-		next, err := k.store.Read().NextApprovalTimeout(ctx)
-		if err != nil {
-			k.workerError("approval_expiry", err)
-		}
-		clock.Wait(k.clock, next, pollInterval, changed, ctx.Done())
-	}
 }
 
 // GetApproval reads one approval.

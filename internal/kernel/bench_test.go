@@ -61,7 +61,7 @@ func BenchmarkStepsConcurrent(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	refs, err := st.Read().DueDispatches(ctx, k.clock.Now(), 2*executions)
+	refs, err := st.Read().DueDispatches(ctx, k.clock.Now(), 2*executions, nil)
 	if err != nil || len(refs) != executions {
 		b.Fatalf("%d due dispatches (%v), want %d", len(refs), err, executions)
 	}
@@ -138,7 +138,7 @@ func benchExecutionOn(b testing.TB, opt sqlite.Options) (*Kernel, *sqlite.Store,
 	if err != nil {
 		b.Fatal(err)
 	}
-	refs, _ := st.Read().DueDispatches(ctx, k.clock.Now(), 10)
+	refs, _ := st.Read().DueDispatches(ctx, k.clock.Now(), 10, nil)
 	del, err := k.ClaimDispatch(ctx, refs[0])
 	if err != nil || del == nil {
 		b.Fatal(err)

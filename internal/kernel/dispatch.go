@@ -33,7 +33,7 @@ func (o *op) enqueueDispatch() error {
 	}
 	o.e.DispatchID = d.ID
 	o.emit(wire.EventDispatchQueued, dispatchPayload(d, wire.DispatchPending, 0))
-	o.tx.AfterCommit(o.k.wakeDispatcher)
+	o.tx.AfterCommit(o.k.notifyDispatch)
 	return nil
 }
 
@@ -166,10 +166,13 @@ type Delivery struct {
 }
 
 // ClaimDispatch claims a due dispatch for delivery (§8.2). It returns nil when
-// the dispatch is no longer due (claimed, retired or rescheduled meanwhile).
+// the dispatch is no longer due (claimed, retired or rescheduled meanwhile),
+// and store.ErrLocked when another transaction holds the execution, which
+// may be another process claiming it: the caller tries again shortly rather
+// than waiting in line.
 func (k *Kernel) ClaimDispatch(ctx context.Context, ref store.DispatchRef) (*Delivery, error) {
 	var del *Delivery
-	err := k.update(ctx, ref.ExecutionID, func(o *op) error {
+	err := k.transact(ctx, ref.ExecutionID, k.store.TryUpdate, func(o *op) error {
 		del = nil
 		d, err := o.tx.Dispatch(o.ctx, ref.ID)
 		if errors.Is(err, store.ErrNotFound) {
@@ -272,7 +275,7 @@ func (k *Kernel) RecordDelivery(ctx context.Context, del *Delivery, out Delivery
 		d.Status = wire.DispatchFailed
 		d.NextAttemptAt = o.now.Add(delay)
 		d.LeaseExpiresAt = time.Time{}
-		o.tx.AfterCommit(k.wakeDispatcher)
+		o.tx.AfterCommit(k.notifyDispatch)
 		return o.tx.UpdateDispatch(o.ctx, d)
 	})
 }
@@ -330,7 +333,24 @@ func (k *Kernel) ReclaimLease(ctx context.Context, ref store.DispatchRef) error 
 		d.Status = wire.DispatchPending
 		d.NextAttemptAt = o.now
 		d.LeaseExpiresAt = time.Time{}
-		o.tx.AfterCommit(k.wakeDispatcher)
+		o.tx.AfterCommit(k.notifyDispatch)
 		return o.tx.UpdateDispatch(o.ctx, d)
 	})
+}
+
+// DueDispatches lists the dispatches due now, oldest first, leaving out
+// those of skipAgents: the dispatcher's view of claimable work (§8.2).
+func (k *Kernel) DueDispatches(ctx context.Context, limit int, skipAgents []string) ([]store.DispatchRef, error) {
+	return k.store.Read().DueDispatches(ctx, k.clock.Now(), limit, skipAgents)
+}
+
+// NextDue is when the next pending or failed dispatch of an agent not in
+// skipAgents falls due; zero when none is scheduled.
+func (k *Kernel) NextDue(ctx context.Context, skipAgents []string) (time.Time, error) {
+	return k.store.Read().NextDue(ctx, skipAgents)
+}
+
+// QueueDepth counts due, undelivered dispatches (the queue_depth gauge).
+func (k *Kernel) QueueDepth(ctx context.Context) (int64, error) {
+	return k.store.Read().QueueDepth(ctx, k.clock.Now())
 }

@@ -43,7 +43,7 @@ func TestClaimDispatch(t *testing.T) {
 	if again, err := fx.k.ClaimDispatch(fx.ctx, ref); err != nil || again != nil {
 		t.Fatalf("second claim = %+v, %v", again, err)
 	}
-	if refs, _ := fx.k.Store().Read().DueDispatches(fx.ctx, fx.clk.Now(), 10); len(refs) != 0 {
+	if refs, _ := fx.k.store.Read().DueDispatches(fx.ctx, fx.clk.Now(), 10, nil); len(refs) != 0 {
 		t.Fatalf("due while in flight: %v", refs)
 	}
 	// Unknown dispatch: nothing.
@@ -75,7 +75,7 @@ func TestClaimDispatch(t *testing.T) {
 		if newer <= e.DispatchID {
 			t.Fatalf("newer dispatch id %s is not greater than %s", newer, e.DispatchID)
 		}
-		refs, _ := fx.k.Store().Read().DueDispatches(fx.ctx, fx.clk.Now(), 10)
+		refs, _ := fx.k.store.Read().DueDispatches(fx.ctx, fx.clk.Now(), 10, nil)
 		if len(refs) != 1 || refs[0].ID != newer {
 			t.Fatalf("due dispatches = %v, want only the newer one", refs)
 		}
@@ -361,7 +361,7 @@ func TestReclaimLease(t *testing.T) {
 	seq := fx.lastSeq(e.ID)
 
 	fx.clk.Advance(2*time.Minute - time.Millisecond)
-	if refs, _ := fx.k.Store().Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 0 {
+	if refs, _ := fx.k.store.Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 0 {
 		t.Fatalf("expired before the lease ends: %v", refs)
 	}
 	if err := fx.k.ReclaimLease(fx.ctx, ref); err != nil {
@@ -370,7 +370,7 @@ func TestReclaimLease(t *testing.T) {
 	fx.noNewEvents(e.ID, seq)
 
 	fx.clk.Advance(time.Millisecond)
-	if refs, _ := fx.k.Store().Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 1 || refs[0] != ref {
+	if refs, _ := fx.k.store.Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 1 || refs[0] != ref {
 		t.Fatalf("expired leases = %v, want %v", refs, ref)
 	}
 	fx.drainWake()

@@ -194,7 +194,7 @@ func TestPrevious(t *testing.T) {
 	// Once retention removes the parent, the child reads null.
 	fx.clk.Advance(2 * time.Hour)
 	fx.k.Sweep(fx.ctx)
-	if _, err := fx.k.Store().Read().Execution(fx.ctx, withState.ID); err == nil {
+	if _, err := fx.k.store.Read().Execution(fx.ctx, withState.ID); err == nil {
 		t.Fatal("retention kept the old completed parent")
 	}
 	if got := prev(orphan); got != "null" {
@@ -249,7 +249,7 @@ func TestIdempotentCreate(t *testing.T) {
 	_, err = mk("order-1", "h2")
 	wantCode(t, err, wire.CodeConflict)
 	fx.k.Sweep(fx.ctx)
-	if _, err := fx.k.Store().Read().Idempotency(fx.ctx, RouteCreate, "", "order-1"); err != nil {
+	if _, err := fx.k.store.Read().Idempotency(fx.ctx, RouteCreate, "", "order-1"); err != nil {
 		t.Fatalf("the sweep removed a key younger than 24 h: %v", err)
 	}
 	fx.clk.Advance(time.Second)
@@ -265,7 +265,7 @@ func TestIdempotentCreate(t *testing.T) {
 	fx.clk.Advance(24*time.Hour + time.Second)
 	fx.k.Sweep(fx.ctx)
 	for _, key := range []string{"order-1", "order-2"} {
-		if _, err := fx.k.Store().Read().Idempotency(fx.ctx, RouteCreate, "", key); err == nil {
+		if _, err := fx.k.store.Read().Idempotency(fx.ctx, RouteCreate, "", key); err == nil {
 			t.Fatalf("the sweep kept the expired key %s", key)
 		}
 	}
@@ -541,7 +541,7 @@ func TestDeadline(t *testing.T) {
 	fx := newFixture(t, withConfig(func(c *Config) { c.DeadlineTimeout = time.Minute }))
 	e, del := fx.start("a1")
 	s := fx.proceed(e, del, "slow", `{}`)
-	r := fx.k.Store().Read()
+	r := fx.k.store.Read()
 
 	fx.clk.Advance(59 * time.Second)
 	if ids, _ := r.DeadlinesDue(fx.ctx, fx.clk.Now(), 10); len(ids) != 0 {
@@ -634,7 +634,7 @@ func TestRetentionSweep(t *testing.T) {
 	}
 
 	fx.k.Sweep(fx.ctx)
-	r := fx.k.Store().Read()
+	r := fx.k.store.Read()
 	if _, err := r.Execution(fx.ctx, old.ID); err == nil {
 		t.Fatal("an old terminal execution survived the sweep")
 	}
@@ -774,7 +774,7 @@ func TestListExecutionsLimits(t *testing.T) {
 	fx.agent("a1")
 	// 201 rows written in one transaction: enough to see both the default
 	// page (50) and the cap (200).
-	err := fx.k.Store().Update(fx.ctx, "", func(ctx context.Context, tx store.Tx) error {
+	err := fx.k.store.Update(fx.ctx, "", func(ctx context.Context, tx store.Tx) error {
 		for i := 0; i < 201; i++ {
 			e := &store.Execution{ID: newDispatchID("", t0.Add(time.Duration(i)*time.Millisecond)), AgentID: "a1", Input: []byte("null"),
 				Status: wire.ExecRunning, CreatedAt: t0, UpdatedAt: t0, ResourceKeys: []string{}}
@@ -831,7 +831,7 @@ func TestListEvents(t *testing.T) {
 	wantCode(t, err, wire.CodeNotFound)
 
 	// The cap of 1,000 per page.
-	err = fx.k.Store().Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
+	err = fx.k.store.Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
 		ex, err := tx.Execution(ctx, e.ID)
 		if err != nil {
 			return err
@@ -858,7 +858,7 @@ func TestListEvents(t *testing.T) {
 func TestEachStepPageStreamsPagesOf1000(t *testing.T) {
 	fx := newFixture(t)
 	e, _ := fx.start("a1")
-	err := fx.k.Store().Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
+	err := fx.k.store.Update(fx.ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
 		for i := 1; i <= 1001; i++ {
 			s := &store.Step{ExecutionID: e.ID, StepID: fmt.Sprintf("%064x", i), Order: int64(i), Kind: wire.KindLocal, Target: "t",
 				ArgsHash: strings.Repeat("0", 64), Occurrence: int64(i), Status: wire.StepSucceeded, Idempotency: wire.SafeToRetry,

@@ -37,7 +37,7 @@ var fkCleanup = map[string]bool{wire.CauseExecutionCompleted: true, wire.CauseEx
 // model; it returns the fork.
 func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 	t.Helper()
-	rd := fx.k.Store().Read()
+	rd := fx.k.store.Read()
 	srcEvs := fx.events(src)
 	before := len(srcEvs)
 	so := ruBuild(t, srcEvs)
@@ -323,7 +323,7 @@ func TestForkExampleE(t *testing.T) {
 		t.Fatalf("restoration %s", f.Restoration)
 	}
 	res := func(id string) *store.Resource {
-		r, err := fx.k.Store().Read().Resource(fx.ctx, id, "workspace")
+		r, err := fx.k.store.Read().Resource(fx.ctx, id, "workspace")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -332,12 +332,12 @@ func TestForkExampleE(t *testing.T) {
 	if r := res(f.ID); r.RegisteredSeq != 3 || r.Generation != 5 || r.CheckpointRef != "B0" || r.StartsSinceCheckpoint != 0 || r.Binding != nil || r.EverySteps != 5 {
 		t.Fatalf("F's resource %+v", r)
 	}
-	rows, _ := fx.k.Store().Read().Checkpoints(fx.ctx, f.ID)
+	rows, _ := fx.k.store.Read().Checkpoints(fx.ctx, f.ID)
 	// B0 covers 3 (P's 5–7) and closes at w1's copied step.executing (6).
 	if len(rows) != 1 || (*rows[0] != store.Checkpoint{ExecutionID: f.ID, Key: "workspace", CoveredSeq: 3, Generation: 0, CheckpointRef: "B0", InvalidatedSeq: 6}) {
 		t.Fatalf("F's checkpoints %+v", rows)
 	}
-	steps, _ := fx.k.Store().Read().Steps(fx.ctx, f.ID, nil, 0, 100)
+	steps, _ := fx.k.store.Read().Steps(fx.ctx, f.ID, nil, 0, 100)
 	for i, st := range steps {
 		if st.BodyExecutionID != p.id || st.BodyStepID != pSteps[i] {
 			t.Fatalf("F's copy %d shares %s/%s", i, st.BodyExecutionID, st.BodyStepID)
@@ -393,11 +393,11 @@ func TestForkExampleE(t *testing.T) {
 	if r := res(f18.ID); r.Generation != 5 || r.CheckpointRef != "B1" {
 		t.Fatalf("fork(F, 18) %+v", r)
 	}
-	if c, _ := coveredNow(fx.ctx, fx.k.Store().Read(), res(f18.ID)); !c {
+	if c, _ := coveredNow(fx.ctx, fx.k.store.Read(), res(f18.ID)); !c {
 		t.Fatal("fork(F, 18) is not covered")
 	}
 	// Copies of copies share P's bodies directly.
-	steps, _ = fx.k.Store().Read().Steps(fx.ctx, f13.ID, nil, 0, 100)
+	steps, _ = fx.k.store.Read().Steps(fx.ctx, f13.ID, nil, 0, 100)
 	for i, st := range steps {
 		if st.BodyExecutionID != p.id || st.BodyStepID != pSteps[i] || string(st.Result) != `"v"` {
 			t.Fatalf("fork(F, 13) copy %d shares %s/%s (%s)", i, st.BodyExecutionID, st.BodyStepID, st.Result)
@@ -426,7 +426,7 @@ func TestForkCheckpointDedupe(t *testing.T) {
 	r.publish(caps(Capture{Key: "w", Ref: "second"}))
 	r.publish(caps(Capture{Key: "w", Ref: "third"}))
 	f := fkCheck(t, r.fx, r.id, r.fx.lastSeq(r.id))
-	rows, _ := r.fx.k.Store().Read().Checkpoints(r.fx.ctx, f.ID)
+	rows, _ := r.fx.k.store.Read().Checkpoints(r.fx.ctx, f.ID)
 	if len(rows) != 1 || rows[0].CheckpointRef != "third" || rows[0].CoveredSeq != 3 {
 		t.Fatalf("rows %+v", rows)
 	}
@@ -497,7 +497,7 @@ func TestForkKeptEvents(t *testing.T) {
 			t.Fatalf("fork kept %s", ev.Type)
 		}
 	}
-	steps, _ := r.fx.k.Store().Read().Steps(r.fx.ctx, f.ID, nil, 0, 100)
+	steps, _ := r.fx.k.store.Read().Steps(r.fx.ctx, f.ID, nil, 0, 100)
 	var targets []string
 	for _, st := range steps {
 		targets = append(targets, st.Target)
@@ -834,7 +834,7 @@ func TestForkGuard(t *testing.T) {
 		t.Fatalf("fork step rows: %d copies, %d body bytes, %d sharing the source's bodies", copies, bodyBytes, shared)
 	}
 	var ckptRows int64
-	forkEvents, err := fx.k.Store().Read().Events(fx.ctx, f.ID, 0, 1<<30)
+	forkEvents, err := fx.k.store.Read().Events(fx.ctx, f.ID, 0, 1<<30)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -844,7 +844,7 @@ func TestForkGuard(t *testing.T) {
 		t.Fatalf("fork wrote %d events and %d checkpoint rows, want %d and 100", events, ckptRows, want)
 	}
 	// The copies read the source's bodies.
-	st, err := fx.k.Store().Read().Step(fx.ctx, f.ID, identity.StepID(f.ID, wire.KindToolCall, "write", argsHash(t, `{"op":"write"}`), int64(n-1)))
+	st, err := fx.k.store.Read().Step(fx.ctx, f.ID, identity.StepID(f.ID, wire.KindToolCall, "write", argsHash(t, `{"op":"write"}`), int64(n-1)))
 	if err != nil || len(st.Result) != 4096 || string(st.Args) != `{"op":"write"}` {
 		t.Fatalf("copied step: %v (%d result bytes)", err, len(st.Result))
 	}

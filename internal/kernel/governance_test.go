@@ -131,7 +131,7 @@ func TestPolicyBundleDecisions(t *testing.T) {
 		}
 	})
 	t.Run("a stored bundle that no longer compiles denies", func(t *testing.T) {
-		err := fx.k.Store().Update(fx.ctx, "", func(ctx context.Context, tx store.Tx) error {
+		err := fx.k.store.Update(fx.ctx, "", func(ctx context.Context, tx store.Tx) error {
 			return tx.SetAgentPolicy(ctx, "a1", "rules: [", fx.clk.Now())
 		})
 		if err != nil {
@@ -229,13 +229,13 @@ func TestRequireApprovalSequence(t *testing.T) {
 	_, err := fx.k.RecordOutcome(fx.ctx, c, e.ID, id, hdr(del), OutcomeRequest{Succeeded: true})
 	wantMessage(t, err, wire.CodeConflict, "conflict: step is not executing")
 	fx.noNewEvents(e.ID, seq)
-	if refs, _ := fx.k.Store().Read().DueDispatches(fx.ctx, fx.clk.Now().Add(time.Hour), 10); len(refs) != 0 {
+	if refs, _ := fx.k.store.Read().DueDispatches(fx.ctx, fx.clk.Now().Add(time.Hour), 10, nil); len(refs) != 0 {
 		t.Fatalf("a blocked execution has a due dispatch: %v", refs)
 	}
 	// The released dispatch holds no lease: waiting for the human past the
 	// lease neither redelivers nor spends the attempt budget.
 	fx.clk.Advance(3 * time.Minute)
-	if refs, _ := fx.k.Store().Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 0 {
+	if refs, _ := fx.k.store.Read().ExpiredLeases(fx.ctx, fx.clk.Now(), 10); len(refs) != 0 {
 		t.Fatalf("a blocked execution has an expiring lease: %v", refs)
 	}
 	if err := fx.k.ReclaimLease(fx.ctx, store.DispatchRef{ID: del.DispatchID, ExecutionID: e.ID}); err != nil {
@@ -352,7 +352,7 @@ func TestApprovalExpiry(t *testing.T) {
 	fx, e, del := governed(t)
 	dec := fx.block(e, del, "send_email")
 	ref := store.ApprovalRef{ID: dec.ApprovalID, ExecutionID: e.ID}
-	r := fx.k.Store().Read()
+	r := fx.k.store.Read()
 	seq := fx.lastSeq(e.ID)
 
 	fx.clk.Advance(5*time.Minute - time.Millisecond)
@@ -450,7 +450,7 @@ func TestTerminalCleanUpExpiresPendingApprovals(t *testing.T) {
 			if s := fx.step(e.ID, dec.StepID); s.Status != wire.StepDenied || string(s.Error) != errJSON {
 				t.Fatalf("step = %+v", s)
 			}
-			if pending, _ := fx.k.Store().Read().PendingApprovals(fx.ctx, e.ID); len(pending) != 0 {
+			if pending, _ := fx.k.store.Read().PendingApprovals(fx.ctx, e.ID); len(pending) != 0 {
 				t.Fatalf("%d pending approvals remain", len(pending))
 			}
 			// The terminal check of a decision is behind the pending check.
@@ -571,7 +571,7 @@ func TestRateLimit(t *testing.T) {
 	evs := fx.eventsAfter(e.ID, seq)
 	wantTypes(t, evs, wire.EventStepRateLimited)
 	wantPayload(t, evs[0], `{"reason":"rate_limit_exceeded","retry_after_ms":30000,"rule_id":"limited",`+stepJSON(id, wire.KindToolCall, "search")+"}")
-	if _, err := fx.k.Store().Read().Step(fx.ctx, e.ID, id); !errors.Is(err, store.ErrNotFound) {
+	if _, err := fx.k.store.Read().Step(fx.ctx, e.ID, id); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a refused step was recorded: %v", err)
 	}
 	ex := fx.exec(e.ID)
@@ -594,7 +594,7 @@ func TestRateLimit(t *testing.T) {
 	if got := metric(fx.k.metrics.RateLimitDecisions.WithLabelValues("limited")); got != limited+2 {
 		t.Fatalf("rate_limit_decisions_total{limited} moved by %v, want 2", got-limited)
 	}
-	if at, found, _ := fx.k.Store().Read().RateLimitMark(fx.ctx, e.ID, id); !found || !at.Equal(t0) {
+	if at, found, _ := fx.k.store.Read().RateLimitMark(fx.ctx, e.ID, id); !found || !at.Equal(t0) {
 		t.Fatalf("audit mark = %v, %v; want the first refusal's time", at, found)
 	}
 
@@ -632,7 +632,7 @@ func TestRateLimit(t *testing.T) {
 	if err := fx.k.CancelExecution(fx.ctx, e.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, found, _ := fx.k.Store().Read().RateLimitMark(fx.ctx, e.ID, id); found {
+	if _, found, _ := fx.k.store.Read().RateLimitMark(fx.ctx, e.ID, id); found {
 		t.Fatal("an audit mark survived the terminal clean-up")
 	}
 }

@@ -54,17 +54,20 @@ func DefaultConfig() Config {
 	}
 }
 
-// Kernel implements the protocol over a store.
+// Kernel implements the protocol over a store. It is the only thing the HTTP
+// layer and the dispatcher talk to: they never reach the store or the stream
+// hub themselves.
 type Kernel struct {
-	store   store.Store
-	clock   clock.Clock
-	cfg     Config
-	hub     *events.Hub
-	metrics *metrics.Metrics
-	log     *slog.Logger
-	policy  Policy
-	limiter Limiter
-	wake    chan struct{}
+	store    store.Store
+	notifier store.Notifier
+	clock    clock.Clock
+	cfg      Config
+	hub      *events.Hub
+	metrics  *metrics.Metrics
+	log      *slog.Logger
+	policy   Policy
+	limiter  Limiter
+	wake     chan struct{}
 
 	bundleTexts bundleTexts
 }
@@ -74,7 +77,6 @@ type Options struct {
 	Store   store.Store
 	Clock   clock.Clock
 	Config  Config
-	Hub     *events.Hub
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
 	Policy  Policy
@@ -84,13 +86,10 @@ type Options struct {
 
 // New returns a kernel.
 func New(o Options) *Kernel {
-	k := &Kernel{store: o.Store, clock: o.Clock, cfg: o.Config, hub: o.Hub, metrics: o.Metrics, log: o.Logger,
-		policy: o.Policy, limiter: o.Limiter, wake: make(chan struct{}, 1)}
+	k := &Kernel{store: o.Store, notifier: o.Store.Notifier(), clock: o.Clock, cfg: o.Config, hub: events.NewHub(),
+		metrics: o.Metrics, log: o.Logger, policy: o.Policy, limiter: o.Limiter, wake: make(chan struct{}, 1)}
 	if k.clock == nil {
 		k.clock = clock.Real{}
-	}
-	if k.hub == nil {
-		k.hub = events.NewHub()
 	}
 	if k.metrics == nil {
 		k.metrics = metrics.New()
@@ -104,11 +103,9 @@ func New(o Options) *Kernel {
 	if k.limiter == nil {
 		k.limiter = NewMemoryLimiter()
 	}
+	k.notifier.Listen(k.hear)
 	return k
 }
-
-// Store returns the kernel's store (read paths of the HTTP layer use it).
-func (k *Kernel) Store() store.Store { return k.store }
 
 // Clock returns the kernel's clock.
 func (k *Kernel) Clock() clock.Clock { return k.clock }
@@ -116,13 +113,14 @@ func (k *Kernel) Clock() clock.Clock { return k.clock }
 // Config returns the kernel's configuration.
 func (k *Kernel) Config() Config { return k.cfg }
 
-// Hub returns the stream fan-out hub.
-func (k *Kernel) Hub() *events.Hub { return k.hub }
-
 // Metrics returns the kernel's metrics.
 func (k *Kernel) Metrics() *metrics.Metrics { return k.metrics }
 
-// DispatchWake fires after a commit that enqueued or rescheduled a dispatch.
+// Ready reports whether the store answers, for readiness (§22).
+func (k *Kernel) Ready(ctx context.Context) error { return k.store.Ping(ctx) }
+
+// DispatchWake fires when a dispatch may have become due, on this process or
+// another one sharing the store, or when delivery capacity was freed.
 func (k *Kernel) DispatchWake() <-chan struct{} { return k.wake }
 
 // WakeDispatcher asks the dispatcher to look for due work now.
@@ -134,6 +132,25 @@ func (k *Kernel) wakeDispatcher() {
 	default:
 	}
 }
+
+// hear routes a notification, from this process or another, to whoever
+// waits for it here.
+func (k *Kernel) hear(n store.Notification) {
+	switch n.Topic {
+	case store.TopicEvents:
+		k.hub.Notify(n.Key)
+	case store.TopicDispatch:
+		k.wakeDispatcher()
+	case store.TopicDelta:
+		if d, ok := decodeDelta(n.Data); ok {
+			k.hub.PublishDelta(n.Key, d)
+		}
+	}
+}
+
+// notifyDispatch tells every dispatcher sharing the store that a dispatch is
+// due; run after the commit that made it so.
+func (k *Kernel) notifyDispatch() { k.notifier.Notify(store.Notification{Topic: store.TopicDispatch}) }
 
 // Caller identifies who makes a request: a bearer client (Agent == "") or an
 // agent authenticated by its signature.
@@ -205,8 +222,8 @@ func (o *op) finish() error {
 		if err := o.tx.AppendEvents(o.ctx, o.events); err != nil {
 			return fmt.Errorf("append events: %w", err)
 		}
-		id, hub := o.e.ID, o.k.hub
-		o.tx.AfterCommit(func() { hub.Notify(id) })
+		id, n := o.e.ID, o.k.notifier
+		o.tx.AfterCommit(func() { n.Notify(store.Notification{Topic: store.TopicEvents, Key: id}) })
 		o.events = nil
 	}
 	if err := o.tx.UpdateExecution(o.ctx, o.e); err != nil {
@@ -219,7 +236,13 @@ func (o *op) finish() error {
 // When fn's writes would cross a storage limit, the execution is failed with
 // storage_limit_exceeded instead and onLimit's answer is returned.
 func (k *Kernel) update(ctx context.Context, executionID string, fn func(o *op) error) error {
-	err := k.store.Update(ctx, executionID, func(ctx context.Context, tx store.Tx) error {
+	return k.transact(ctx, executionID, k.store.Update, fn)
+}
+
+// transact is update through the given store method (Update or TryUpdate).
+func (k *Kernel) transact(ctx context.Context, executionID string, via func(context.Context, string, func(context.Context, store.Tx) error) error,
+	fn func(o *op) error) error {
+	err := via(ctx, executionID, func(ctx context.Context, tx store.Tx) error {
 		o := k.newOp(ctx, tx)
 		if err := fn(o); err != nil {
 			return err

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rebuno/rebuno/internal/clock"
+	"github.com/rebuno/rebuno/internal/events"
 	"github.com/rebuno/rebuno/internal/identity"
 	"github.com/rebuno/rebuno/internal/jsonx"
 	"github.com/rebuno/rebuno/internal/store"
@@ -98,7 +99,7 @@ func (fx *fixture) create(agentID string) *store.Execution {
 // claim claims the due dispatch of execution id.
 func (fx *fixture) claim(id string) *Delivery {
 	fx.t.Helper()
-	refs, err := fx.k.Store().Read().DueDispatches(fx.ctx, fx.clk.Now(), 1000)
+	refs, err := fx.k.store.Read().DueDispatches(fx.ctx, fx.clk.Now(), 1000, nil)
 	if err != nil {
 		fx.t.Fatalf("due dispatches: %v", err)
 	}
@@ -130,7 +131,7 @@ func (fx *fixture) ack(del *Delivery) {
 // claims its dispatch and acks the delivery.
 func (fx *fixture) start(agentID string) (*store.Execution, *Delivery) {
 	fx.t.Helper()
-	if _, err := fx.k.Store().Read().Agent(fx.ctx, agentID); errors.Is(err, store.ErrNotFound) {
+	if _, err := fx.k.store.Read().Agent(fx.ctx, agentID); errors.Is(err, store.ErrNotFound) {
 		fx.agent(agentID)
 	}
 	e := fx.create(agentID)
@@ -221,7 +222,7 @@ func (fx *fixture) outcome(e *store.Execution, del *Delivery, stepID string, ok 
 
 func (fx *fixture) exec(id string) *store.Execution {
 	fx.t.Helper()
-	e, err := fx.k.Store().Read().Execution(fx.ctx, id)
+	e, err := fx.k.store.Read().Execution(fx.ctx, id)
 	if err != nil {
 		fx.t.Fatalf("read execution %s: %v", id, err)
 	}
@@ -230,7 +231,7 @@ func (fx *fixture) exec(id string) *store.Execution {
 
 func (fx *fixture) step(execID, stepID string) *store.Step {
 	fx.t.Helper()
-	s, err := fx.k.Store().Read().Step(fx.ctx, execID, stepID)
+	s, err := fx.k.store.Read().Step(fx.ctx, execID, stepID)
 	if err != nil {
 		fx.t.Fatalf("read step %s: %v", stepID, err)
 	}
@@ -239,7 +240,7 @@ func (fx *fixture) step(execID, stepID string) *store.Step {
 
 func (fx *fixture) dispatch(id string) *store.Dispatch {
 	fx.t.Helper()
-	d, err := fx.k.Store().Read().Dispatch(fx.ctx, id)
+	d, err := fx.k.store.Read().Dispatch(fx.ctx, id)
 	if err != nil {
 		fx.t.Fatalf("read dispatch %s: %v", id, err)
 	}
@@ -248,7 +249,7 @@ func (fx *fixture) dispatch(id string) *store.Dispatch {
 
 func (fx *fixture) counter(del *Delivery, kind, target, args string) (int64, bool) {
 	fx.t.Helper()
-	v, found, err := fx.k.Store().Read().Counter(fx.ctx, del.ExecutionID, del.DispatchID, kind, target, argsHash(fx.t, args))
+	v, found, err := fx.k.store.Read().Counter(fx.ctx, del.ExecutionID, del.DispatchID, kind, target, argsHash(fx.t, args))
 	if err != nil {
 		fx.t.Fatalf("read counter: %v", err)
 	}
@@ -257,7 +258,7 @@ func (fx *fixture) counter(del *Delivery, kind, target, args string) (int64, boo
 
 func (fx *fixture) events(id string) []*store.Event {
 	fx.t.Helper()
-	evs, err := fx.k.Store().Read().Events(fx.ctx, id, 0, 100000)
+	evs, err := fx.k.store.Read().Events(fx.ctx, id, 0, 100000)
 	if err != nil {
 		fx.t.Fatalf("read events: %v", err)
 	}
@@ -267,7 +268,7 @@ func (fx *fixture) events(id string) []*store.Event {
 // eventsAfter returns the events appended after seq.
 func (fx *fixture) eventsAfter(id string, seq int64) []*store.Event {
 	fx.t.Helper()
-	evs, err := fx.k.Store().Read().Events(fx.ctx, id, seq, 100000)
+	evs, err := fx.k.store.Read().Events(fx.ctx, id, seq, 100000)
 	if err != nil {
 		fx.t.Fatalf("read events: %v", err)
 	}
@@ -308,7 +309,7 @@ func (fx *fixture) noNewEvents(id string, seq int64) {
 
 func (fx *fixture) mutateStep(execID, stepID string, f func(s *store.Step)) {
 	fx.t.Helper()
-	err := fx.k.Store().Update(fx.ctx, execID, func(ctx context.Context, tx store.Tx) error {
+	err := fx.k.store.Update(fx.ctx, execID, func(ctx context.Context, tx store.Tx) error {
 		s, err := tx.Step(ctx, execID, stepID)
 		if err != nil {
 			return err
@@ -323,7 +324,7 @@ func (fx *fixture) mutateStep(execID, stepID string, f func(s *store.Step)) {
 
 func (fx *fixture) mutateExec(id string, f func(e *store.Execution)) {
 	fx.t.Helper()
-	err := fx.k.Store().Update(fx.ctx, id, func(ctx context.Context, tx store.Tx) error {
+	err := fx.k.store.Update(fx.ctx, id, func(ctx context.Context, tx store.Tx) error {
 		e, err := tx.Execution(ctx, id)
 		if err != nil {
 			return err
@@ -388,7 +389,7 @@ func TestFixtureSanity(t *testing.T) {
 	if e.Status != wire.ExecRunning || del.Attempt != 1 {
 		t.Fatalf("started execution is %s at attempt %d", e.Status, del.Attempt)
 	}
-	if fx.k.Store() == nil || fx.k.Clock() != clock.Clock(fx.clk) || fx.k.Hub() == nil || fx.k.Metrics() == nil {
+	if fx.k.store == nil || fx.k.Clock() != clock.Clock(fx.clk) || fx.k.hub == nil || fx.k.Metrics() == nil {
 		t.Fatal("accessors do not return the kernel's collaborators")
 	}
 	if fx.k.Config().DispatchMaxAttempts != 5 {
@@ -406,7 +407,7 @@ func TestNewDefaults(t *testing.T) {
 	if _, ok := k.Clock().(clock.Real); !ok {
 		t.Fatalf("default clock is %T, want clock.Real", k.Clock())
 	}
-	if k.Hub() == nil || k.Metrics() == nil || k.log == nil {
+	if k.hub == nil || k.Metrics() == nil || k.log == nil {
 		t.Fatal("New leaves a collaborator nil")
 	}
 	if k.policy == nil {
@@ -437,5 +438,51 @@ func TestDefaultConfigMatchesSpec(t *testing.T) {
 	}
 	if c.DeadlineTimeout != 0 || c.Retention != 0 || c.RequireDispatchHeaders {
 		t.Fatal("deadline and retention default to off, dispatch headers to optional")
+	}
+}
+
+// Whatever sends them (this process's commits, or another process through
+// the store's notifier), notifications reach the tails, the delta consumers
+// and the dispatcher of this process.
+func TestNotificationsReachWaiters(t *testing.T) {
+	fx := newFixture(t)
+	n := fx.k.store.Notifier()
+	tail := fx.k.SubscribeTail("exec-x")
+	defer tail.Close()
+	deltas := fx.k.SubscribeDeltas("exec-x")
+	defer deltas.Close()
+	select { // drain a wake-up left by the fixture's own work
+	case <-fx.k.DispatchWake():
+	default:
+	}
+
+	n.Notify(store.Notification{Topic: store.TopicEvents, Key: "exec-x"})
+	select {
+	case <-tail.C:
+	default:
+		t.Fatal("an events notification did not wake the tail")
+	}
+	n.Notify(store.Notification{Topic: store.TopicDelta, Key: "exec-x",
+		Data: encodeDelta(events.Delta{StepID: "s1", Seq: 7, Data: "tok"})})
+	select {
+	case d := <-deltas.C:
+		if d.StepID != "s1" || d.Seq != 7 || d.Data != "tok" {
+			t.Fatalf("delta = %+v", d)
+		}
+	default:
+		t.Fatal("a delta notification did not reach the consumer")
+	}
+	n.Notify(store.Notification{Topic: store.TopicDispatch})
+	select {
+	case <-fx.k.DispatchWake():
+	default:
+		t.Fatal("a dispatch notification did not wake the dispatcher")
+	}
+	// A delta that does not decode is dropped, never delivered half-read.
+	n.Notify(store.Notification{Topic: store.TopicDelta, Key: "exec-x", Data: []byte("{")})
+	select {
+	case d := <-deltas.C:
+		t.Fatalf("a malformed delta was delivered: %+v", d)
+	default:
 	}
 }

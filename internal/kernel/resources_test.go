@@ -82,7 +82,7 @@ func (r *rsRun) outcome(stepID string, ok bool, caps Captures) *Decision {
 
 func (r *rsRun) resource(key string) *store.Resource {
 	r.t.Helper()
-	res, err := r.fx.k.Store().Read().Resource(r.fx.ctx, r.id, key)
+	res, err := r.fx.k.store.Read().Resource(r.fx.ctx, r.id, key)
 	if err != nil {
 		r.t.Fatalf("read resource %s: %v", key, err)
 	}
@@ -299,7 +299,7 @@ func ruCheck(t *testing.T, fx *fixture, id string) *ruOracle {
 // iff it has one whose generation equals its current generation.
 func ruInvariant(t *testing.T, fx *fixture, id string) {
 	t.Helper()
-	rd := fx.k.Store().Read()
+	rd := fx.k.store.Read()
 	e := fx.exec(id)
 	resources, err := rd.Resources(fx.ctx, id)
 	if err != nil {
@@ -587,7 +587,7 @@ func TestCaptureOrderAndCoveredSeq(t *testing.T) {
 			t.Fatalf("covered_seq %s, want the outcome %d", c.Raw, seq+1)
 		}
 	}
-	rows, _ := r.fx.k.Store().Read().Checkpoints(r.fx.ctx, r.id)
+	rows, _ := r.fx.k.store.Read().Checkpoints(r.fx.ctx, r.id)
 	if len(rows) != 4 || rows[0].Key != "a" || rows[0].InvalidatedSeq != seq || rows[1].CoveredSeq != seq+1 || rows[1].InvalidatedSeq != 0 {
 		t.Fatalf("rows %+v", rows)
 	}

@@ -620,6 +620,7 @@ func (k *Kernel) StreamDelta(ctx context.Context, c Caller, id, stepID string, h
 	if _, err := validateDispatch(ctx, r, e, h, k.cfg.RequireDispatchHeaders); err != nil {
 		return err
 	}
-	k.hub.PublishDelta(id, events.Delta{StepID: stepID, Seq: seq, Data: data})
+	k.notifier.Notify(store.Notification{Topic: store.TopicDelta, Key: id,
+		Data: encodeDelta(events.Delta{StepID: stepID, Seq: seq, Data: data})})
 	return nil
 }

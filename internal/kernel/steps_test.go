@@ -791,7 +791,7 @@ func TestFencing(t *testing.T) {
 			}
 
 			// A stream delta from the old attempt is still accepted.
-			sub := fx.k.Hub().SubscribeDeltas(e.ID)
+			sub := fx.k.hub.SubscribeDeltas(e.ID)
 			if err := fx.k.StreamDelta(fx.ctx, c, e.ID, w.running, w.old, 7, "tok"); err != nil {
 				t.Fatalf("superseded delta: %v", err)
 			}
@@ -1034,7 +1034,7 @@ func TestStreamDelta(t *testing.T) {
 	other, _ := fx.start("a2")
 	s := fx.proceed(e, del, "llm", `{}`)
 	c := Caller{Agent: "a1"}
-	sub := fx.k.Hub().SubscribeDeltas(e.ID)
+	sub := fx.k.hub.SubscribeDeltas(e.ID)
 	defer sub.Close()
 	seq := fx.lastSeq(e.ID)
 

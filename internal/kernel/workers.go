@@ -14,10 +14,23 @@ import (
 // wake-up; the spec asks for due work to be done within 1–2 s.
 const pollInterval = time.Second
 
-// RunWorkers runs the kernel's periodic duties until ctx ends: deadlines,
-// approval expiry, the idempotency-key sweep and (when on) retention.
+// RunWorkers runs the kernel's singleton duties until ctx ends: lease
+// reclaim, deadlines, approval expiry, the idempotency-key sweep and (when
+// on) retention. Each runs only while this process leads (store.Leading):
+// with several processes on one store, one does them.
 func (k *Kernel) RunWorkers(ctx context.Context) {
-	loops := []func(context.Context){k.deadlineLoop, k.sweepLoop, k.approvalLoop}
+	loops := []func(context.Context){
+		func(ctx context.Context) {
+			runDuty(k, ctx, "lease_reclaim", k.store.Read().ExpiredLeases, k.ReclaimLease, k.store.Read().NextLeaseExpiry)
+		},
+		func(ctx context.Context) {
+			runDuty(k, ctx, "deadline", k.store.Read().DeadlinesDue, k.ExpireDeadline, k.store.Read().NextDeadline)
+		},
+		func(ctx context.Context) {
+			runDuty(k, ctx, "approval_expiry", k.store.Read().ExpiredApprovals, k.ExpireApproval, k.store.Read().NextApprovalTimeout)
+		},
+		k.sweepLoop,
+	}
 	done := make(chan struct{})
 	for _, loop := range loops {
 		go func() { loop(ctx); done <- struct{}{} }()
@@ -27,26 +40,41 @@ func (k *Kernel) RunWorkers(ctx context.Context) {
 	}
 }
 
-func (k *Kernel) deadlineLoop(ctx context.Context) {
+// dutyBatch is how many items a duty takes per query.
+const dutyBatch = 100
+
+// runDuty is the loop of a duty that finds its work with one indexed query:
+// it handles every item that is due, each in a transaction of its own so that
+// one failure never holds back the others (each is retried on the next
+// round), then sleeps until the next item falls due, a clock jump, or the
+// poll interval, whichever comes first.
+func runDuty[T any](k *Kernel, ctx context.Context, name string,
+	due func(ctx context.Context, now time.Time, limit int) ([]T, error),
+	handle func(ctx context.Context, item T) error,
+	next func(ctx context.Context) (time.Time, error)) {
 	for ctx.Err() == nil {
 		changed := k.clock.Changed()
-		ids, err := k.store.Read().DeadlinesDue(ctx, k.clock.Now(), 100)
-		if err != nil {
-			k.workerError("deadline", err)
-		}
-		for _, id := range ids {
-			if err := k.ExpireDeadline(ctx, id); err != nil {
-				k.workerError("deadline", err)
-			}
-		}
-		if len(ids) == 100 {
+		if !k.store.Leading() {
+			clock.Wait(k.clock, time.Time{}, pollInterval, changed, ctx.Done())
 			continue
 		}
-		next, err := k.store.Read().NextDeadline(ctx)
-		if err != nil {
-			k.workerError("deadline", err)
+		items, err := due(ctx, k.clock.Now(), dutyBatch)
+		if err != nil && ctx.Err() == nil {
+			k.workerError(name, err)
 		}
-		clock.Wait(k.clock, next, pollInterval, changed, ctx.Done())
+		for _, item := range items {
+			if err := handle(ctx, item); err != nil && ctx.Err() == nil {
+				k.workerError(name, err)
+			}
+		}
+		if len(items) == dutyBatch {
+			continue
+		}
+		at, err := next(ctx)
+		if err != nil && ctx.Err() == nil {
+			k.workerError(name, err)
+		}
+		clock.Wait(k.clock, at, pollInterval, changed, ctx.Done())
 	}
 }
 
@@ -66,7 +94,7 @@ func (k *Kernel) ExpireDeadline(ctx context.Context, id string) error {
 func (k *Kernel) sweepLoop(ctx context.Context) {
 	next := k.clock.Now()
 	for ctx.Err() == nil {
-		if !k.clock.Now().Before(next) {
+		if k.store.Leading() && !k.clock.Now().Before(next) {
 			k.Sweep(ctx)
 			next = k.clock.Now().Add(k.cfg.CleanupInterval)
 		}

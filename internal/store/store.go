@@ -17,6 +17,10 @@ var ErrNotFound = errors.New("not found")
 // timeout); the HTTP layer maps it to 503 so that clients retry.
 var ErrUnavailable = errors.New("store unavailable")
 
+// ErrLocked is returned by TryUpdate when another transaction holds the
+// execution's lock.
+var ErrLocked = errors.New("execution locked by another transaction")
+
 // Store is a durable backend.
 type Store interface {
 	// Update runs fn in one write transaction. Everything fn writes commits
@@ -27,12 +31,32 @@ type Store interface {
 	// callers into one physical commit.
 	Update(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx Tx) error) error
 
+	// TryUpdate is Update that gives up at once with ErrLocked, writing
+	// nothing, when another transaction holds the lock of lockExecutionID
+	// (FOR UPDATE SKIP LOCKED on Postgres). Replicas racing for the same
+	// work, a dispatch claim for instance, use it so that the losers move on
+	// to other work instead of queueing behind the winner. A backend that
+	// serialises all writers never returns ErrLocked.
+	TryUpdate(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx Tx) error) error
+
 	// Read returns a reader outside any write transaction. Each call it makes
 	// is its own short read.
 	Read() Reader
 
 	// Ping answers a trivial query, for readiness.
 	Ping(ctx context.Context) error
+
+	// Notifier carries signals to every kernel process sharing this store
+	// (notify.go).
+	Notifier() Notifier
+
+	// Leading reports whether this process should run the singleton duties
+	// (lease reclaim, deadlines, approval expiry, retention) right now. A
+	// backend used by one process at a time always leads; a shared one elects
+	// one leader among its processes. Every duty re-checks its rows under the
+	// execution's lock, so a moment with two leaders (a leader that has lost
+	// its database session and does not know it yet) is wasteful, never wrong.
+	Leading() bool
 
 	Close() error
 }
@@ -108,11 +132,17 @@ type Reader interface {
 	CopyRefs(ctx context.Context, executionID string) ([][2]string, error)
 
 	// Scheduling queries used by the background workers.
-	DueDispatches(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
+	// DueDispatches lists due dispatches oldest first, with their agents,
+	// leaving out the dispatches of the agents in skipAgents (those the
+	// caller cannot deliver to now).
+	DueDispatches(ctx context.Context, now time.Time, limit int, skipAgents []string) ([]DispatchRef, error)
 	ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]DispatchRef, error)
-	// NextWake is the earliest time at which a dispatch becomes due or a
-	// lease expires; zero when nothing is scheduled.
-	NextWake(ctx context.Context) (time.Time, error)
+	// NextDue is the earliest next_attempt_at of a pending or failed
+	// dispatch, leaving out those of skipAgents; zero when there is none.
+	NextDue(ctx context.Context, skipAgents []string) (time.Time, error)
+	// NextLeaseExpiry is the earliest lease expiry of an in-flight
+	// dispatch; zero when there is none.
+	NextLeaseExpiry(ctx context.Context) (time.Time, error)
 	QueueDepth(ctx context.Context, now time.Time) (int64, error)
 	DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error)
 	NextDeadline(ctx context.Context) (time.Time, error)
@@ -303,10 +333,12 @@ type Dispatch struct {
 	UpdatedAt       time.Time
 }
 
-// DispatchRef names a dispatch found by a scheduling query.
+// DispatchRef names a dispatch found by a scheduling query. AgentID is set
+// by DueDispatches only.
 type DispatchRef struct {
 	ID          string
 	ExecutionID string
+	AgentID     string
 }
 
 // Agent is the stored agent row. Secret never leaves the kernel.

@@ -3,7 +3,7 @@ package blackbox
 // Black-box tests of authentication and authorisation (§4) and the auth rows
 // of §28: bearer tokens, HMAC request signatures (v1 and legacy), dual
 // routes, agent scope, and the dispatch headers that --require-v1-signatures
-// makes mandatory.
+// (the default) makes mandatory.
 
 import (
 	"bytes"
@@ -16,6 +16,10 @@ import (
 	"github.com/rebuno/rebuno/internal/auth"
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
+
+// legacyOn turns legacy body-only signatures back on, with the dispatch
+// headers optional: the mode for agents written against older kernels.
+const legacyOn = "--require-v1-signatures=false"
 
 // hsWantUnauthorized asserts the fixed 401 of §4.3: code and message are
 // both "unauthorized" and nothing else is said.
@@ -205,7 +209,9 @@ func TestAuthBearerOff(t *testing.T) {
 // writes nothing; valid v1 and legacy signatures pass.
 func TestAuthHMAC(t *testing.T) {
 	t.Parallel()
-	k := kt.Start(t, kt.Options{})
+	// Legacy signatures are refused by default (TestAuthRequireV1); this test
+	// covers both formats, so it turns them on as an old agent's operator would.
+	k := kt.Start(t, kt.Options{Args: []string{legacyOn}})
 	a := k.NewAgent("signer", "")
 	b := k.NewAgent("bystander", "")
 	run := hsStartRun(t, k, a, `null`)
@@ -386,8 +392,8 @@ func TestAuthHMAC(t *testing.T) {
 	req.Header.Set("Rebuno-Signature", "v1="+strings.Repeat("0", 64))
 	hsWantUnauthorized(t, "dual with signature only", hsSend(t, k, req))
 
-	// Accepted: v1 now, v1 within the window on either side, legacy by
-	// default, and the signature over a target with a query.
+	// Accepted: v1 now, v1 within the window on either side, legacy (turned
+	// on), and the signature over a target with a query.
 	accept := []struct {
 		name string
 		s    hsSig
@@ -550,12 +556,13 @@ func TestAuthDual(t *testing.T) {
 	hsWantErr(t, hsSend(t, k, hsAgentReq(t, k, a, "POST", ex+"/steps/"+sidB+"/complete", []byte(`{"result":1}`), hsLeaseSig(run.lease))), 404, "not_found")
 }
 
-// TestAuthRequireV1 runs with --require-v1-signatures: legacy signatures are
-// 401, and every agent write must carry both dispatch headers (400 without
-// either), while GETs and the metadata route ignore them.
+// TestAuthRequireV1 runs with the default settings, which require v1
+// signatures: legacy signatures are 401, and every agent write must carry
+// both dispatch headers (400 without either), while GETs and the metadata
+// route ignore them.
 func TestAuthRequireV1(t *testing.T) {
 	t.Parallel()
-	k := kt.Start(t, kt.Options{Args: []string{"--require-v1-signatures"}})
+	k := kt.Start(t, kt.Options{})
 	if !strings.Contains(k.Stderr(), "legacy agent signatures: refused") {
 		t.Fatalf("banner does not say legacy signatures are refused:\n%s", k.Stderr())
 	}

@@ -607,7 +607,8 @@ func TestLeaseExpiry(t *testing.T) {
 // TestLeaseRenewal: heartbeats, submits and recorded outcomes renew the
 // lease; replays, errors and reads do not (§9.1, §9.3).
 func TestLeaseRenewal(t *testing.T) {
-	e := cxStart(t, kt.Options{ManualClock: true}, `"lease_timeout_seconds":40`)
+	// Requests without an attempt header need the legacy-compatible mode.
+	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{legacyOn}}, `"lease_timeout_seconds":40`)
 	cxWaitEvent(t, e.k, e.id, "ack", cxIsEvent("dispatch.acked", 1))
 	l := e.lease
 	// Each renewal below moves the expiry to now + 40 s; 30 s later, 60 s
@@ -675,7 +676,8 @@ func TestAckRenewsLease(t *testing.T) {
 // TestFencingAfterReclaim: once a lease is reclaimed, the old attempt can
 // report the outcome of a step still executing and nothing else (§9.5).
 func TestFencingAfterReclaim(t *testing.T) {
-	e := cxStart(t, kt.Options{ManualClock: true}, `"lease_timeout_seconds":40`)
+	// Requests without an attempt header need the legacy-compatible mode.
+	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{legacyOn}}, `"lease_timeout_seconds":40`)
 	l1 := e.lease
 	done := e.proceed(l1, `{"kind":"tool_call","target":"done"}`)
 	e.record(done, l1, "complete", `{"result":"first"}`)

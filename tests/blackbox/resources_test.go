@@ -1632,9 +1632,9 @@ func TestResourceBind(t *testing.T) {
 // TestResourceRoutesFencing: the preconditions of §3.4 on register, bind and
 // publish, in order, and the dual coverage route's authorisation.
 func TestResourceRoutesFencing(t *testing.T) {
-	// With --require-v1-signatures both dispatch headers are required on
+	// With --require-v1-signatures (the default) both dispatch headers are required on
 	// the resource routes (§6).
-	k, a := rfStartKernel(t, `"lease_timeout_seconds":31`, "--require-v1-signatures=true")
+	k, a := rfStartKernel(t, `"lease_timeout_seconds":31`)
 	other := rfNewAgent(t, k, "other", "")
 	r := rfBegin(t, k, a, "1")
 	r.register(rfWS(false, 1))

@@ -367,7 +367,8 @@ func TestStepIdentityAndOccurrences(t *testing.T) {
 // echoed, refused when ahead, and a same-attempt retry of an executing step
 // answered proceed with no write.
 func TestStepOccurrenceHeader(t *testing.T) {
-	e := cxStart(t, kt.Options{}, "")
+	// Requests without an attempt header need the legacy-compatible mode.
+	e := cxStart(t, kt.Options{Args: []string{legacyOn}}, "")
 	body := `{"kind":"tool_call","target":"send","args":{"to":"x"}}`
 	id0 := cxStepID(t, e.id, "tool_call", "send", `{"to":"x"}`, 0)
 	id1 := cxStepID(t, e.id, "tool_call", "send", `{"to":"x"}`, 1)

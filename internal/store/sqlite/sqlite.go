@@ -101,6 +101,8 @@ type Store struct {
 	// other connections' commits when the writer last looked.
 	rows        *sqlstore.RowCache
 	dataVersion int64
+
+	notifier store.LocalNotifier
 }
 
 type job struct {
@@ -278,6 +280,19 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	return nil
+}
+
+// Notifier implements store.Store: one process owns the file (Open takes an
+// exclusive lock on it), so notifications stay in process.
+func (s *Store) Notifier() store.Notifier { return &s.notifier }
+
+// Leading implements store.Store: the only process on the file leads.
+func (s *Store) Leading() bool { return true }
+
+// TryUpdate implements store.Store. The single writer never leaves a lock
+// held between transactions, so this is Update.
+func (s *Store) TryUpdate(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx store.Tx) error) error {
+	return s.Update(ctx, lockExecutionID, fn)
 }
 
 // Update implements store.Store. The lock argument is not needed: the single

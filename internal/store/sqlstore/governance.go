@@ -73,11 +73,7 @@ func (q *Queries) ExpiredApprovals(ctx context.Context, now time.Time, limit int
 }
 
 func (q *Queries) NextApprovalTimeout(ctx context.Context) (time.Time, error) {
-	var v sql.NullInt64
-	if err := q.row(ctx, `SELECT MIN(timeout_at) FROM approvals WHERE status = 'pending'`).Scan(&v); err != nil {
-		return time.Time{}, err
-	}
-	return fromTS(v.Int64), nil
+	return q.minTime(ctx, `SELECT MIN(timeout_at) FROM approvals WHERE status = 'pending'`)
 }
 
 func (t *Tx) InsertApproval(ctx context.Context, a *store.Approval) error {

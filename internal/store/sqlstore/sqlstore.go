@@ -812,9 +812,27 @@ func (q *Queries) dispatchRefs(ctx context.Context, query string, args ...any) (
 	}, query, args...)
 }
 
-func (q *Queries) DueDispatches(ctx context.Context, now time.Time, limit int) ([]store.DispatchRef, error) {
-	return q.dispatchRefs(ctx, `SELECT id, execution_id FROM dispatches WHERE status IN (?, ?) AND next_attempt_at <= ?
- ORDER BY next_attempt_at LIMIT ?`, wire.DispatchPending, wire.DispatchFailed, ts(now), limit)
+func (q *Queries) DueDispatches(ctx context.Context, now time.Time, limit int, skipAgents []string) ([]store.DispatchRef, error) {
+	skip, args := skipAgentsClause(skipAgents, wire.DispatchPending, wire.DispatchFailed, ts(now))
+	return list(ctx, q, func(s scanner) (store.DispatchRef, error) {
+		var r store.DispatchRef
+		err := s.Scan(&r.ID, &r.ExecutionID, &r.AgentID)
+		return r, err
+	}, `SELECT d.id, d.execution_id, e.agent_id FROM dispatches d JOIN executions e ON e.id = d.execution_id
+ WHERE d.status IN (?, ?) AND d.next_attempt_at <= ?`+skip+` ORDER BY d.next_attempt_at LIMIT ?`, append(args, limit)...)
+}
+
+// skipAgentsClause leaves the dispatches of some agents out of a query on
+// dispatches d joined with their executions e; args are the query's other
+// arguments, which come first.
+func skipAgentsClause(skipAgents []string, args ...any) (string, []any) {
+	if len(skipAgents) == 0 {
+		return "", args
+	}
+	for _, a := range skipAgents {
+		args = append(args, a)
+	}
+	return " AND e.agent_id NOT IN (?" + strings.Repeat(", ?", len(skipAgents)-1) + ")", args
 }
 
 func (q *Queries) ExpiredLeases(ctx context.Context, now time.Time, limit int) ([]store.DispatchRef, error) {
@@ -822,21 +840,23 @@ func (q *Queries) ExpiredLeases(ctx context.Context, now time.Time, limit int) (
  ORDER BY lease_expires_at LIMIT ?`, wire.DispatchInFlight, ts(now), limit)
 }
 
-func (q *Queries) NextWake(ctx context.Context) (time.Time, error) {
-	var due, lease sql.NullInt64
-	err := q.row(ctx, `SELECT (SELECT MIN(next_attempt_at) FROM dispatches WHERE status IN (?, ?)),
- (SELECT MIN(lease_expires_at) FROM dispatches WHERE status = ?)`,
-		wire.DispatchPending, wire.DispatchFailed, wire.DispatchInFlight).Scan(&due, &lease)
-	if err != nil {
+func (q *Queries) NextDue(ctx context.Context, skipAgents []string) (time.Time, error) {
+	skip, args := skipAgentsClause(skipAgents, wire.DispatchPending, wire.DispatchFailed)
+	return q.minTime(ctx, `SELECT MIN(d.next_attempt_at) FROM dispatches d JOIN executions e ON e.id = d.execution_id
+ WHERE d.status IN (?, ?)`+skip, args...)
+}
+
+func (q *Queries) NextLeaseExpiry(ctx context.Context) (time.Time, error) {
+	return q.minTime(ctx, `SELECT MIN(lease_expires_at) FROM dispatches WHERE status = ?`, wire.DispatchInFlight)
+}
+
+// minTime reads a MIN() over a time column; zero when there are no rows.
+func (q *Queries) minTime(ctx context.Context, query string, args ...any) (time.Time, error) {
+	var v sql.NullInt64
+	if err := q.row(ctx, query, args...).Scan(&v); err != nil {
 		return time.Time{}, err
 	}
-	var next int64
-	for _, v := range []sql.NullInt64{due, lease} {
-		if v.Valid && (next == 0 || v.Int64 < next) {
-			next = v.Int64
-		}
-	}
-	return fromTS(next), nil
+	return fromTS(v.Int64), nil
 }
 
 func (q *Queries) QueueDepth(ctx context.Context, now time.Time) (int64, error) {
@@ -1000,13 +1020,8 @@ func (q *Queries) DeadlinesDue(ctx context.Context, now time.Time, limit int) ([
 }
 
 func (q *Queries) NextDeadline(ctx context.Context) (time.Time, error) {
-	var v sql.NullInt64
-	err := q.row(ctx, `SELECT MIN(deadline_at) FROM executions`+q.D.IndexedBy("executions_live_deadline")+`
- WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`).Scan(&v)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return fromTS(v.Int64), nil
+	return q.minTime(ctx, `SELECT MIN(deadline_at) FROM executions`+q.D.IndexedBy("executions_live_deadline")+`
+ WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`)
 }
 
 func (q *Queries) RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error) {

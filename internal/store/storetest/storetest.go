@@ -63,7 +63,7 @@ var scenarios = []scenario{
 	{"DispatchRoundTrip", testDispatchRoundTrip},
 	{"RetireDispatches", testRetireDispatches},
 	{"DispatchScheduling", testDispatchScheduling},
-	{"NextWake", testNextWake},
+	{"NextDueAndLeaseExpiry", testNextWake},
 	{"Counters", testCounters},
 	{"Agents", testAgents},
 	{"AgentHasLiveExecutions", testAgentHasLiveExecutions},
@@ -81,6 +81,8 @@ var scenarios = []scenario{
 	{"ReadAfterUpdate", testReadAfterUpdate},
 	{"ReadDuringUpdate", testReadDuringUpdate},
 	{"Ping", testPing},
+	{"TryUpdate", testTryUpdate},
+	{"NotifierHearsItself", testNotifierHearsItself},
 	{"Resources", testResources},
 	{"Checkpoints", testCheckpoints},
 	{"SharedBodies", testSharedBodies},
@@ -1199,27 +1201,41 @@ func testDispatchScheduling(t *testing.T, s store.Store) {
 		simpleDispatch("dI", "exec-9", wire.DispatchInFlight, sec(-44), now),
 		simpleDispatch("dJ", "exec-10", wire.DispatchPending, sec(500), sec(-100)),
 	}
+	// Each dispatch's execution belongs to an agent: DueDispatches names it
+	// and can leave out the dispatches of agents the dispatcher is full for.
+	agentOf := map[string]string{"exec-1": "alpha", "exec-2": "beta", "exec-3": "alpha", "exec-7": "gamma"}
 	var rows []any
 	for _, d := range ds {
-		rows = append(rows, d)
+		agent := agentOf[d.ExecutionID]
+		if agent == "" {
+			agent = "other"
+		}
+		rows = append(rows, minimalExecution(d.ExecutionID, agent, wire.ExecRunning), d)
 	}
 	write(t, s, rows...)
 	r := s.Read()
 
-	due := val(r.DueDispatches(ctx, now, 100)).get(t, "DueDispatches")
+	due := val(r.DueDispatches(ctx, now, 100, nil)).get(t, "DueDispatches")
 	sameStrings(t, "DueDispatches", refIDs(due), []string{"dA", "dG", "dB", "dC"})
 	wantExec := map[string]string{}
 	for _, d := range ds {
 		wantExec[d.ID] = d.ExecutionID
 	}
 	for _, ref := range due {
-		if ref.ExecutionID != wantExec[ref.ID] {
-			t.Errorf("DueDispatches: %s has execution %q, want %q", ref.ID, ref.ExecutionID, wantExec[ref.ID])
+		if ref.ExecutionID != wantExec[ref.ID] || ref.AgentID != agentOf[ref.ExecutionID] {
+			t.Errorf("DueDispatches: %s has execution %q of agent %q, want %q of %q", ref.ID, ref.ExecutionID, ref.AgentID,
+				wantExec[ref.ID], agentOf[wantExec[ref.ID]])
 		}
 	}
-	sameStrings(t, "DueDispatches limit 2", refIDs(val(r.DueDispatches(ctx, now, 2)).get(t, "DueDispatches")), []string{"dA", "dG"})
-	sameStrings(t, "DueDispatches earlier", refIDs(val(r.DueDispatches(ctx, sec(-25), 100)).get(t, "DueDispatches")), []string{"dA"})
-	sameStrings(t, "DueDispatches before everything", refIDs(val(r.DueDispatches(ctx, sec(-1000), 100)).get(t, "DueDispatches")), []string{})
+	sameStrings(t, "DueDispatches limit 2", refIDs(val(r.DueDispatches(ctx, now, 2, nil)).get(t, "DueDispatches")), []string{"dA", "dG"})
+	sameStrings(t, "DueDispatches earlier", refIDs(val(r.DueDispatches(ctx, sec(-25), 100, nil)).get(t, "DueDispatches")), []string{"dA"})
+	sameStrings(t, "DueDispatches before everything", refIDs(val(r.DueDispatches(ctx, sec(-1000), 100, nil)).get(t, "DueDispatches")), []string{})
+	sameStrings(t, "DueDispatches skipping alpha", refIDs(val(r.DueDispatches(ctx, now, 100, []string{"alpha"})).get(t, "DueDispatches")),
+		[]string{"dG", "dB"})
+	sameStrings(t, "DueDispatches skipping alpha and gamma, limit 1",
+		refIDs(val(r.DueDispatches(ctx, now, 1, []string{"alpha", "gamma"})).get(t, "DueDispatches")), []string{"dB"})
+	sameStrings(t, "DueDispatches skipping every agent",
+		refIDs(val(r.DueDispatches(ctx, now, 100, []string{"alpha", "beta", "gamma"})).get(t, "DueDispatches")), []string{})
 
 	expired := val(r.ExpiredLeases(ctx, now, 100)).get(t, "ExpiredLeases")
 	sameStrings(t, "ExpiredLeases", refIDs(expired), []string{"dH", "dI"})
@@ -1241,37 +1257,47 @@ func testDispatchScheduling(t *testing.T, s store.Store) {
 		t.Errorf("QueueDepth(now+1000s): got %d, want 6", got)
 	}
 	// Pending and failed dispatches are due by next_attempt_at, in-flight ones
-	// wake at lease expiry; retired ones never wake.
-	if got := val(r.NextWake(ctx)).get(t, "NextWake"); !got.Equal(sec(-30)) {
-		t.Errorf("NextWake: got %v, want %v", got, sec(-30))
+	// expire by lease_expires_at; retired ones do neither.
+	if got := val(r.NextDue(ctx, nil)).get(t, "NextDue"); !got.Equal(sec(-30)) {
+		t.Errorf("NextDue: got %v, want %v", got, sec(-30))
+	}
+	if got := val(r.NextDue(ctx, []string{"alpha"})).get(t, "NextDue"); !got.Equal(sec(-20)) {
+		t.Errorf("NextDue skipping alpha: got %v, want %v", got, sec(-20))
+	}
+	if got := val(r.NextDue(ctx, []string{"alpha", "beta", "gamma"})).get(t, "NextDue"); !got.Equal(now.Add(time.Microsecond)) {
+		t.Errorf("NextDue skipping alpha, beta and gamma: got %v, want %v", got, now.Add(time.Microsecond))
+	}
+	if got := val(r.NextDue(ctx, []string{"alpha", "beta", "gamma", "other"})).get(t, "NextDue"); !got.IsZero() {
+		t.Errorf("NextDue skipping every agent: got %v, want zero", got)
+	}
+	if got := val(r.NextLeaseExpiry(ctx)).get(t, "NextLeaseExpiry"); !got.Equal(sec(-5)) {
+		t.Errorf("NextLeaseExpiry: got %v, want %v", got, sec(-5))
 	}
 }
 
 func testNextWake(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	wake := func() time.Time {
+	check := func(what string, wantDue, wantLease time.Time) {
 		t.Helper()
-		return val(s.Read().NextWake(ctx)).get(t, "NextWake")
+		if got := val(s.Read().NextDue(ctx, nil)).get(t, "NextDue"); !got.Equal(wantDue) {
+			t.Errorf("NextDue %s: got %v, want %v", what, got, wantDue)
+		}
+		if got := val(s.Read().NextLeaseExpiry(ctx)).get(t, "NextLeaseExpiry"); !got.Equal(wantLease) {
+			t.Errorf("NextLeaseExpiry %s: got %v, want %v", what, got, wantLease)
+		}
 	}
-	if got := wake(); !got.IsZero() {
-		t.Errorf("NextWake of an empty store: got %v, want zero", got)
+	check("of an empty store", time.Time{}, time.Time{})
+	for i := 1; i <= 4; i++ {
+		write(t, s, minimalExecution(fmt.Sprintf("exec-%d", i), "agent", wire.ExecRunning))
 	}
 	write(t, s, simpleDispatch("retired", "exec-1", wire.DispatchRetired, at(time.Second), at(time.Second)))
-	if got := wake(); !got.IsZero() {
-		t.Errorf("NextWake with only a retired dispatch: got %v, want zero", got)
-	}
+	check("with only a retired dispatch", time.Time{}, time.Time{})
 	write(t, s, simpleDispatch("flying", "exec-2", wire.DispatchInFlight, at(-time.Hour), at(60*time.Second)))
-	if got := wake(); !got.Equal(at(60 * time.Second)) {
-		t.Errorf("NextWake with one lease: got %v, want %v", got, at(60*time.Second))
-	}
+	check("with one lease", time.Time{}, at(60*time.Second))
 	write(t, s, simpleDispatch("pending", "exec-3", wire.DispatchPending, at(90*time.Second), at(time.Second)))
-	if got := wake(); !got.Equal(at(60 * time.Second)) {
-		t.Errorf("NextWake with a later due dispatch: got %v, want the lease %v", got, at(60*time.Second))
-	}
+	check("with a pending dispatch", at(90*time.Second), at(60*time.Second))
 	write(t, s, simpleDispatch("failed", "exec-4", wire.DispatchFailed, at(30*time.Second+time.Microsecond), time.Time{}))
-	if got := wake(); !got.Equal(at(30*time.Second + time.Microsecond)) {
-		t.Errorf("NextWake with an earlier failed dispatch: got %v, want %v", got, at(30*time.Second+time.Microsecond))
-	}
+	check("with an earlier failed dispatch", at(30*time.Second+time.Microsecond), at(60*time.Second))
 }
 
 // ---- counters ----
@@ -2429,6 +2455,66 @@ func testReadDuringUpdate(t *testing.T, s store.Store) {
 func testPing(t *testing.T, s store.Store) {
 	if err := s.Ping(t.Context()); err != nil {
 		t.Fatalf("Ping: %v", err)
+	}
+}
+
+// A TryUpdate that finds its execution free commits exactly like Update,
+// and rolls back like it too.
+func testTryUpdate(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	write(t, s, minimalExecution("exec-try", "agent", wire.ExecRunning))
+	err := s.TryUpdate(ctx, "exec-try", func(ctx context.Context, tx store.Tx) error {
+		e, err := tx.ExecutionHead(ctx, "exec-try")
+		if err != nil {
+			return err
+		}
+		e.Status = wire.ExecBlocked
+		return tx.UpdateExecution(ctx, e)
+	})
+	if err != nil {
+		t.Fatalf("TryUpdate: %v", err)
+	}
+	if got := val(s.Read().Execution(ctx, "exec-try")).get(t, "Execution"); got.Status != wire.ExecBlocked {
+		t.Fatalf("after TryUpdate: status %s, want blocked", got.Status)
+	}
+	boom := errors.New("boom")
+	err = s.TryUpdate(ctx, "exec-try", func(ctx context.Context, tx store.Tx) error {
+		e, err := tx.ExecutionHead(ctx, "exec-try")
+		if err != nil {
+			return err
+		}
+		e.Status = wire.ExecRunning
+		if err := tx.UpdateExecution(ctx, e); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("TryUpdate returning an error: got %v, want it back", err)
+	}
+	if got := val(s.Read().Execution(ctx, "exec-try")).get(t, "Execution"); got.Status != wire.ExecBlocked {
+		t.Fatalf("after a failed TryUpdate: status %s, want blocked (rolled back)", got.Status)
+	}
+}
+
+// A process hears its own notifications, whatever else carries them to the
+// other processes.
+func testNotifierHearsItself(t *testing.T, s store.Store) {
+	heard := make(chan store.Notification, 4)
+	s.Notifier().Listen(func(n store.Notification) {
+		if n.Key == "exec-notified" {
+			heard <- n
+		}
+	})
+	want := store.Notification{Topic: store.TopicDelta, Key: "exec-notified", Data: []byte(`{"s":"x","q":1,"d":"hi"}`)}
+	s.Notifier().Notify(want)
+	select {
+	case got := <-heard:
+		if got.Topic != want.Topic || string(got.Data) != string(want.Data) {
+			t.Fatalf("heard %+v, want %+v", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the notification was not heard by its own process")
 	}
 }
 
