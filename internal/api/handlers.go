@@ -384,7 +384,7 @@ func handleSubmit(c *call) error {
 		return err
 	}
 	if len(c.r.Header.Values(wire.HeaderDispatchID)) == 0 {
-		return &kernel.Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+		return kernel.MissingDispatchID()
 	}
 	h, err := c.dispatchHeaders()
 	if err != nil {

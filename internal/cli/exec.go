@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rebuno/rebuno/internal/wire"
 )
 
-var execStatuses = []string{"pending", "running", "blocked", "completed", "failed", "cancelled"}
+var execStatuses = wire.ExecutionStatuses
 
 func (a *App) execCommand() *cobra.Command {
 	c := &cobra.Command{

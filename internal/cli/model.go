@@ -3,6 +3,8 @@ package cli
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/rebuno/rebuno/internal/wire"
 )
 
 // Execution is the resource of §2.1 as the client reads it.
@@ -69,6 +71,4 @@ type Agent struct {
 	UpdatedAt           time.Time       `json:"updated_at"`
 }
 
-func isTerminal(status string) bool {
-	return status == "completed" || status == "failed" || status == "cancelled"
-}
+func isTerminal(status string) bool { return wire.ExecTerminal(status) }

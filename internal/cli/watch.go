@@ -30,13 +30,7 @@ func newStepCache(ctx context.Context, c *Client, execID string) *stepCache {
 	return &stepCache{ctx: ctx, c: c, execID: execID, m: map[string]*Step{}}
 }
 
-func stepTerminal(status string) bool {
-	switch status {
-	case "succeeded", "failed", "denied", "cancelled":
-		return true
-	}
-	return false
-}
+func stepTerminal(status string) bool { return wire.StepTerminal(status) }
 
 func (s *stepCache) get(id string, fresh bool) *Step {
 	if !s.loaded {

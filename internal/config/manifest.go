@@ -2,16 +2,16 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rebuno/rebuno/internal/yamlx"
 )
 
 // ManifestAgent is one agent of a provisioning manifest, after environment expansion.
@@ -83,28 +83,19 @@ func ParseManifest(data []byte, dir string, lookup func(string) (string, bool)) 
 	// The Node API is used instead of decoding into a struct because the
 	// messages need lines and key paths, and because yaml's own strictness
 	// (KnownFields, duplicate-key checks) applies only to typed decoding.
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("manifest: %w", err)
+	doc, yerr := yamlx.Document(string(data))
+	if yerr != nil {
+		return nil, errAt(yerr.Line, yerr.Path, "%s", yerr.Problem)
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		return nil, errAt(extra.Line, "", "more than one YAML document; the manifest must be a single document")
-	case !errors.Is(err, io.EOF):
-		// A syntax error in a later document still means more than one.
-		return nil, fmt.Errorf("manifest: more than one YAML document: %w", err)
-	}
-
-	if len(doc.Content) == 0 {
+	root := yamlx.Root(doc)
+	if root == nil {
 		return nil, nil
 	}
-	root := deref(doc.Content[0])
-	if isNull(root) {
+	if errs := yamlx.Check(root); len(errs) > 0 {
+		return nil, errAt(errs[0].Line, errs[0].Path, "%s", errs[0].Problem)
+	}
+	root = yamlx.Deref(root)
+	if yamlx.IsNull(root) {
 		return nil, nil
 	}
 	if root.Kind != yaml.MappingNode {
@@ -121,7 +112,7 @@ func ParseManifest(data []byte, dir string, lookup func(string) (string, bool)) 
 	seq := agentsNode.value
 	// `agents:` with every entry commented out is null; reading it as an
 	// empty list matches what an empty file means.
-	if isNull(seq) {
+	if yamlx.IsNull(seq) {
 		return nil, nil
 	}
 	if seq.Kind != yaml.SequenceNode {
@@ -158,7 +149,7 @@ type field struct {
 }
 
 func (p *parser) agent(item *yaml.Node, path string) (ManifestAgent, error) {
-	node := deref(item)
+	node := yamlx.Deref(item)
 	if node.Kind != yaml.MappingNode {
 		return ManifestAgent{}, errAt(node.Line, path, "must be a mapping")
 	}
@@ -258,7 +249,7 @@ func (p *parser) policyFile(f field, path string) (string, error) {
 func (p *parser) stringValue(f field, path string) (string, error) {
 	n := f.value
 	if n.Kind != yaml.ScalarNode {
-		return "", errAt(n.Line, path, "must be a string, got a %s", kindName(n))
+		return "", errAt(n.Line, path, "must be a string, got %s", yamlx.Describe(n))
 	}
 	if tag := n.ShortTag(); tag != yamlTagStr {
 		return "", errAt(n.Line, path, "must be a string, got %s (quote the value)", tag)
@@ -273,10 +264,8 @@ func (p *parser) stringValue(f field, path string) (string, error) {
 func intValue(f field, path string) (int64, error) {
 	n := f.value
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != yamlTagInt {
-		got := kindName(n)
-		if n.Kind == yaml.ScalarNode {
-			got = n.ShortTag()
-		}
+		got := yamlx.Describe(n)
+
 		return 0, errAt(n.Line, path, "must be an integer, got %s", got)
 	}
 	var v int64
@@ -286,15 +275,15 @@ func intValue(f field, path string) (int64, error) {
 	return v, nil
 }
 
-// mappingFields indexes a mapping by key, refusing unknown and repeated keys.
-// Repeats are checked here because decoding into a yaml.Node skips yaml's own
-// check, and a second `secret:` overriding the first is an easy mistake.
+// mappingFields indexes a mapping by key, refusing unknown keys. Repeated
+// keys (a second `secret:` silently overriding the first is an easy mistake)
+// were refused by yamlx.Check before.
 func mappingFields(m *yaml.Node, path string, known func(string) bool) (map[string]field, error) {
 	out := make(map[string]field, len(m.Content)/2)
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		k := deref(m.Content[i])
+		k := yamlx.Deref(m.Content[i])
 		if k.Kind != yaml.ScalarNode {
-			return nil, errAt(k.Line, path, "mapping keys must be strings, got a %s", kindName(k))
+			return nil, errAt(k.Line, path, "mapping keys must be strings, got %s", yamlx.Describe(k))
 		}
 		keyPath := k.Value
 		if path != "" {
@@ -303,39 +292,9 @@ func mappingFields(m *yaml.Node, path string, known func(string) bool) (map[stri
 		if !known(k.Value) {
 			return nil, errAt(k.Line, keyPath, "unknown key")
 		}
-		if prev, dup := out[k.Value]; dup {
-			return nil, errAt(k.Line, keyPath, "duplicate key (first given at line %d)", prev.keyLine)
-		}
-		out[k.Value] = field{keyLine: k.Line, value: deref(m.Content[i+1])}
+		out[k.Value] = field{keyLine: k.Line, value: yamlx.Deref(m.Content[i+1])}
 	}
 	return out, nil
-}
-
-// deref follows an alias so that anchors behave as if the text were
-// repeated. The parser refuses unknown anchors and anchors on aliases, so one
-// step always reaches a real node.
-func deref(n *yaml.Node) *yaml.Node {
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		return n.Alias
-	}
-	return n
-}
-
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.ShortTag() == yamlTagNull
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "mapping"
-	case yaml.SequenceNode:
-		return "sequence"
-	case yaml.ScalarNode:
-		return "scalar"
-	default:
-		return "node"
-	}
 }
 
 // expandEnv implements the manifest's expansion rules. os.Expand is not used:

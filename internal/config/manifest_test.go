@@ -251,7 +251,7 @@ kernel:
 		{
 			name:    "duplicate top-level key",
 			yaml:    "agents: []\nagents: []\n",
-			wantErr: "manifest line 2: agents: duplicate key (first given at line 1)",
+			wantErr: "manifest line 2: agents: duplicate key (first at line 1)",
 		},
 		{
 			name: "duplicate agent key",
@@ -261,7 +261,7 @@ kernel:
     secret: k
     secret: k2
 `,
-			wantErr: "manifest line 5: agents[0].secret: duplicate key (first given at line 4)",
+			wantErr: "manifest line 5: agents[0].secret: duplicate key (first at line 4)",
 		},
 		{
 			name: "two documents",
@@ -269,7 +269,7 @@ kernel:
 ---
 agents: []
 `,
-			wantErr: "manifest line 2: more than one YAML document; the manifest must be a single document",
+			wantErr: "manifest line 2: more than one YAML document",
 		},
 		{
 			name:    "two empty documents",
@@ -279,17 +279,17 @@ agents: []
 		{
 			name:    "second document malformed",
 			yaml:    "agents: []\n---\nagents: [\n",
-			wantErr: "manifest: more than one YAML document: yaml:",
+			wantErr: "manifest line 4: invalid YAML: did not find expected node content",
 		},
 		{
 			name:    "syntax error",
 			yaml:    "agents: [\n",
-			wantErr: "manifest: yaml:",
+			wantErr: "manifest line 2: invalid YAML: did not find expected node content",
 		},
 		{
 			name:    "non-scalar key",
 			yaml:    "agents:\n  - ? [a]\n    : x\n",
-			wantErr: "manifest line 2: agents[0]: mapping keys must be strings, got a sequence",
+			wantErr: "manifest line 2: agents[0]: mapping keys must be strings, got a list",
 		},
 
 		// Required fields.
@@ -362,22 +362,22 @@ agents: []
 		{
 			name:    "lease as string",
 			yaml:    "agents:\n  - id: a\n    webhook_url: u\n    secret: k\n    lease_timeout_seconds: \"300\"\n",
-			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got !!str",
+			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got a string",
 		},
 		{
 			name:    "lease as float",
 			yaml:    "agents:\n  - id: a\n    webhook_url: u\n    secret: k\n    lease_timeout_seconds: 300.0\n",
-			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got !!float",
+			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got a float",
 		},
 		{
 			name:    "lease with variable",
 			yaml:    "agents:\n  - id: a\n    webhook_url: u\n    secret: k\n    lease_timeout_seconds: $A\n",
-			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got !!str",
+			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got a string",
 		},
 		{
 			name:    "lease null",
 			yaml:    "agents:\n  - id: a\n    webhook_url: u\n    secret: k\n    lease_timeout_seconds:\n",
-			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got !!null",
+			wantErr: "manifest line 5: agents[0].lease_timeout_seconds: must be an integer, got null",
 		},
 		{
 			name:    "lease too large",

@@ -51,7 +51,7 @@ func (o *op) checkDispatch(h DispatchHeaders) (*store.Dispatch, error) {
 func validateDispatch(ctx context.Context, r store.Reader, e *store.Execution, h DispatchHeaders, requireBoth bool) (*store.Dispatch, error) {
 	if requireBoth && (h.ID == "" || h.Attempt == 0) {
 		if h.ID == "" {
-			return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+			return nil, MissingDispatchID()
 		}
 		return nil, validation(wire.HeaderDispatchAttempt, "missing dispatch attempt")
 	}
@@ -83,6 +83,40 @@ func (o *op) superseded(d *store.Dispatch, h DispatchHeaders) bool {
 		return false
 	}
 	return d.ID != o.e.DispatchID || (h.Attempt > 0 && h.Attempt < d.Attempt)
+}
+
+// admit runs the checks every state-changing agent request shares once its
+// execution is loaded, in the protocol's order: a terminal execution
+// (errTerminal), the dispatch headers (400), fencing. It returns the named
+// dispatch and whether the request is superseded; refusing a superseded
+// request is the route's call, because the outcome of a step still
+// executing is recorded whoever reports it (§9.5).
+func (o *op) admit(h DispatchHeaders) (*store.Dispatch, bool, error) {
+	if wire.ExecTerminal(o.e.Status) {
+		return nil, false, errTerminal()
+	}
+	d, err := o.checkDispatch(h)
+	if err != nil {
+		return nil, false, err
+	}
+	return d, o.superseded(d, h), nil
+}
+
+// agentWrite is the preamble of every agent write but the step outcome:
+// load the execution (404, 403), admit the request, refuse it when
+// superseded. It returns the named dispatch.
+func (o *op) agentWrite(id string, c Caller, h DispatchHeaders) (*store.Dispatch, error) {
+	if err := o.load(id, c); err != nil {
+		return nil, err
+	}
+	d, superseded, err := o.admit(h)
+	if err != nil {
+		return nil, err
+	}
+	if superseded {
+		return nil, o.k.refuseSuperseded()
+	}
+	return d, nil
 }
 
 func (k *Kernel) refuseSuperseded() error {

@@ -48,6 +48,19 @@ func errSuperseded() *Error {
 	return &Error{Code: wire.CodeLeaseSuperseded, Message: "lease superseded"}
 }
 
+// MissingDispatchID is the refusal of an agent write that must name its
+// dispatch and does not (§10.2 step 3); the HTTP layer raises it before
+// reading the body of a submit.
+func MissingDispatchID() *Error {
+	return &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+}
+
+// isCode reports whether err is a refusal with the given code.
+func isCode(err error, code string) bool {
+	var ke *Error
+	return errors.As(err, &ke) && ke.Code == code
+}
+
 // notFoundOr turns store.ErrNotFound into a 404 for what, and wraps anything
 // else.
 func notFoundOr(err error, what string) error {

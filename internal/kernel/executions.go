@@ -241,7 +241,7 @@ func StepStatusFilter(filter string) ([]string, error) {
 	case "":
 		return nil, nil
 	case "terminal":
-		return []string{wire.StepSucceeded, wire.StepFailed, wire.StepDenied, wire.StepCancelled}, nil
+		return wire.StepTerminalStatuses, nil
 	case "pending":
 		return []string{wire.StepProposed, wire.StepAllowed, wire.StepAwaitingApproval, wire.StepExecuting}, nil
 	}
@@ -340,7 +340,7 @@ type CompleteRequest struct {
 // CompleteExecution records an agent's successful end (§7.4).
 func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, r CompleteRequest) error {
 	err := k.update(ctx, id, func(o *op) error {
-		if err := o.agentWritePreamble(id, c, h); err != nil {
+		if _, err := o.agentWrite(id, c, h); err != nil {
 			return err
 		}
 		if o.e.Status == wire.ExecBlocked {
@@ -371,7 +371,7 @@ func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h D
 func (k *Kernel) FailExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, reason string) error {
 	reason = TruncateUTF8(reason, wire.MaxFailureReasonBytes)
 	err := k.update(ctx, id, func(o *op) error {
-		if err := o.agentWritePreamble(id, c, h); err != nil {
+		if _, err := o.agentWrite(id, c, h); err != nil {
 			return err
 		}
 		if o.e.Status == wire.ExecBlocked {
@@ -384,25 +384,6 @@ func (k *Kernel) FailExecution(ctx context.Context, c Caller, id string, h Dispa
 		return errTerminal()
 	}
 	return err
-}
-
-// agentWritePreamble runs the checks every state-changing agent route shares
-// after the body rules: 404, 403, terminal, dispatch headers, fencing.
-func (o *op) agentWritePreamble(id string, c Caller, h DispatchHeaders) error {
-	if err := o.load(id, c); err != nil {
-		return err
-	}
-	if wire.ExecTerminal(o.e.Status) {
-		return errTerminal()
-	}
-	d, err := o.checkDispatch(h)
-	if err != nil {
-		return err
-	}
-	if o.superseded(d, h) {
-		return o.k.refuseSuperseded()
-	}
-	return nil
 }
 
 // TruncateUTF8 cuts s to at most n bytes without splitting a character.

@@ -76,34 +76,11 @@ type RegisterRequest struct {
 	OnCompletion  bool
 }
 
-// resourcePreamble runs the checks every resource route shares (§3.4):
-// a dispatch id, 404/403, terminal, dispatch headers, fencing.
-func (o *op) resourcePreamble(id string, c Caller, h DispatchHeaders) (*store.Dispatch, error) {
-	if err := o.load(id, c); err != nil {
-		return nil, err
-	}
-	if wire.ExecTerminal(o.e.Status) {
-		return nil, errTerminal()
-	}
-	d, err := o.checkDispatch(h)
-	if err != nil {
-		return nil, err
-	}
-	if o.superseded(d, h) {
-		return nil, o.k.refuseSuperseded()
-	}
-	return d, nil
-}
-
-func missingDispatch() error {
-	return &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
-}
-
 // RegisterResource registers a resource key in an execution, or confirms an
 // identical registration; the stored checkpoint policy always wins.
 func (k *Kernel) RegisterResource(ctx context.Context, c Caller, id string, h DispatchHeaders, r RegisterRequest) (*ResourceView, error) {
 	if h.ID == "" {
-		return nil, missingDispatch()
+		return nil, MissingDispatchID()
 	}
 	switch {
 	case !ValidResourceKey(r.Key):
@@ -117,7 +94,7 @@ func (k *Kernel) RegisterResource(ctx context.Context, c Caller, id string, h Di
 	}
 	var view *ResourceView
 	err := k.update(ctx, id, func(o *op) error {
-		d, err := o.resourcePreamble(id, c, h)
+		d, err := o.agentWrite(id, c, h)
 		if err != nil {
 			return err
 		}
@@ -200,7 +177,7 @@ func coveredNow(ctx context.Context, rd store.Reader, r *store.Resource) (bool, 
 // conflict.
 func (k *Kernel) BindResource(ctx context.Context, c Caller, id, key string, h DispatchHeaders, binding []byte) error {
 	if h.ID == "" {
-		return missingDispatch()
+		return MissingDispatchID()
 	}
 	if len(binding) == 0 || string(binding) == "null" {
 		return validation("binding", "binding is required and must not be null")
@@ -209,7 +186,7 @@ func (k *Kernel) BindResource(ctx context.Context, c Caller, id, key string, h D
 		return validation("binding", "binding is larger than %d bytes", MaxResourceJSON)
 	}
 	err := k.update(ctx, id, func(o *op) error {
-		d, err := o.resourcePreamble(id, c, h)
+		d, err := o.agentWrite(id, c, h)
 		if err != nil {
 			return err
 		}
@@ -241,13 +218,13 @@ func (k *Kernel) BindResource(ctx context.Context, c Caller, id, key string, h D
 // baselines and completion captures (§3.4).
 func (k *Kernel) PublishCheckpoints(ctx context.Context, c Caller, id string, h DispatchHeaders, caps Captures) error {
 	if h.ID == "" {
-		return missingDispatch()
+		return MissingDispatchID()
 	}
 	if err := validateCaptures(caps); err != nil {
 		return err
 	}
 	err := k.update(ctx, id, func(o *op) error {
-		d, err := o.resourcePreamble(id, c, h)
+		d, err := o.agentWrite(id, c, h)
 		if err != nil {
 			return err
 		}

@@ -120,7 +120,7 @@ func ValidResourceKey(key string) bool {
 // what is recorded, and records what is new.
 func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
 	if h.ID == "" {
-		return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}
+		return nil, MissingDispatchID()
 	}
 	if err := validateSubmit(&r); err != nil {
 		return nil, err
@@ -134,19 +134,13 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 	var dec *Decision
 	err := k.update(ctx, id, func(o *op) error {
 		dec = nil
-		if err := o.load(id, c); err != nil {
-			return err
-		}
-		if wire.ExecTerminal(o.e.Status) {
+		d, err := o.agentWrite(id, c, h)
+		if isCode(err, wire.CodeExecutionTerminal) {
 			dec = terminalDecision()
 			return nil
 		}
-		d, err := o.checkDispatch(h)
 		if err != nil {
 			return err
-		}
-		if o.superseded(d, h) {
-			return k.refuseSuperseded()
 		}
 		for _, key := range r.Resources {
 			if !contains(o.e.ResourceKeys, key) {
@@ -507,15 +501,14 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 		if err != nil {
 			return notFoundOr(err, "step")
 		}
-		if wire.ExecTerminal(o.e.Status) {
+		d, superseded, err := o.admit(h)
+		if isCode(err, wire.CodeExecutionTerminal) {
 			dec = terminalDecision()
 			return nil
 		}
-		d, err := o.checkDispatch(h)
 		if err != nil {
 			return err
 		}
-		superseded := o.superseded(d, h)
 		switch {
 		case s.Status == wire.StepExecuting:
 			o.enforce = true
@@ -577,18 +570,9 @@ func errorReason(errJSON []byte) string {
 // Heartbeat renews the lease of the requesting attempt (§9.3).
 func (k *Kernel) Heartbeat(ctx context.Context, c Caller, id string, h DispatchHeaders) error {
 	return k.update(ctx, id, func(o *op) error {
-		if err := o.load(id, c); err != nil {
-			return err
-		}
-		if wire.ExecTerminal(o.e.Status) {
-			return errTerminal()
-		}
-		d, err := o.checkDispatch(h)
+		d, err := o.agentWrite(id, c, h)
 		if err != nil {
 			return err
-		}
-		if o.superseded(d, h) {
-			return k.refuseSuperseded()
 		}
 		return o.renew(d, h)
 	})

@@ -117,7 +117,7 @@ func New() *Metrics {
 	for _, v := range []string{wire.KindToolCall, wire.KindLLMCall, wire.KindLocal} {
 		m.StepsSubmitted.WithLabelValues(v)
 	}
-	for _, v := range []string{wire.ExecCompleted, wire.ExecFailed, wire.ExecCancelled} {
+	for _, v := range wire.ExecTerminalStatuses {
 		m.ExecutionsCompleted.WithLabelValues(v)
 	}
 	// The workers that report errors, so that the series exists before the

@@ -2,9 +2,7 @@ package policy
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"regexp"
 	"slices"
@@ -12,9 +10,10 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rebuno/rebuno/internal/yamlx"
 )
 
 // Limits of §19.3.
@@ -36,29 +35,9 @@ const (
 // of work.
 const expansionBudget = 2 << 20
 
-// ValidationError is one reason a bundle was refused. Line is 1-based, 0
-// when the problem concerns the whole text; Path is the key path
-// (`rules[1].when.target`), empty for the document itself.
-type ValidationError struct {
-	Line    int
-	Path    string
-	Problem string
-}
-
-func (e *ValidationError) Error() string {
-	var b strings.Builder
-	if e.Line > 0 {
-		b.WriteString("line ")
-		b.WriteString(strconv.Itoa(e.Line))
-		b.WriteString(": ")
-	}
-	if e.Path != "" {
-		b.WriteString(e.Path)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Problem)
-	return b.String()
-}
+// ValidationError is one reason a bundle was refused: its line (0 when the
+// problem concerns the whole text), key path and problem.
+type ValidationError = yamlx.Error
 
 // Parse validates and compiles a bundle. The empty text means "no policy"
 // and yields (nil, nil); any other text must hold exactly one YAML document,
@@ -111,238 +90,22 @@ func (c *compiler) bundle(text string) *Bundle {
 		c.fail(0, "", "bundle is %d bytes, larger than 1 MiB (%d bytes)", len(text), maxBundleBytes)
 		return nil
 	}
-	// yaml.v3 reports these without a line; finding them first gives the
-	// operator one.
-	if line, problem := unreadable(text); problem != "" {
-		c.fail(line, "", "%s", problem)
+	doc, err := yamlx.Document(text)
+	if err != nil {
+		c.errs = append(c.errs, err)
 		return nil
 	}
-	if strings.Trim(text, " \t\r\n") == "" {
-		c.fail(1, "", `document is empty (send "" to remove a policy)`)
-		return nil
-	}
-	dec := yaml.NewDecoder(strings.NewReader(text))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			c.fail(1, "", `document is empty (send "" to remove a policy)`)
-		} else {
-			c.yamlError(err, text)
+	root := yamlx.Root(doc)
+	if root == nil {
+		line := 1
+		if doc != nil {
+			line = doc.Line
 		}
+		c.fail(line, "", `document is empty (send "" to remove a policy)`)
 		return nil
 	}
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		c.yamlError(err, text)
-		return nil
-	default:
-		c.fail(next.Line, "", "more than one YAML document")
-		return nil
-	}
-	if len(doc.Content) != 1 {
-		c.fail(doc.Line, "", `document is empty (send "" to remove a policy)`)
-		return nil
-	}
-	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" && root.Value == "" && root.Style&yaml.TaggedStyle == 0 {
-		c.fail(doc.Line, "", `document is empty (send "" to remove a policy)`)
-		return nil
-	}
-	c.structure(root, nil)
+	c.errs = append(c.errs, yamlx.Check(root)...)
 	return c.top(root)
-}
-
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// parserProblems are the errors of yaml.v3's parser, as opposed to its
-// scanner. yaml.v3 prints their 0-based line as is, while it adds one for
-// scanner errors, and it prints no line at all when the number is 0.
-var parserProblems = map[string]bool{
-	"did not find expected <stream-start>":   true,
-	"did not find expected <document start>": true,
-	"found undefined tag handle":             true,
-	"did not find expected node content":     true,
-	"did not find expected '-' indicator":    true,
-	"did not find expected key":              true,
-	"did not find expected ',' or ']'":       true,
-	"did not find expected ',' or '}'":       true,
-	"found duplicate %YAML directive":        true,
-	"found incompatible YAML document":       true,
-	"found duplicate %TAG directive":         true,
-}
-
-// yamlError turns a yaml.v3 syntax error into a ValidationError with a
-// 1-based line, correcting for yaml.v3's reporting (see parserProblems).
-// An unknown alias comes without any position, so its line is searched.
-func (c *compiler) yamlError(err error, text string) {
-	msg := err.Error()
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		if parserProblems[m[2]] {
-			line++
-		}
-		c.fail(line, "", "invalid YAML: %s", m[2])
-		return
-	}
-	msg = strings.TrimPrefix(msg, "yaml: ")
-	line := 1
-	if name, ok := strings.CutPrefix(msg, "unknown anchor '"); ok {
-		name, _, _ = strings.Cut(name, "'")
-		line = 0
-		if i := strings.Index(text, "*"+name); i >= 0 {
-			line = 1 + strings.Count(text[:i], "\n")
-		}
-	}
-	c.fail(line, "", "invalid YAML: %s", msg)
-}
-
-// unreadable finds the first byte YAML refuses to read: invalid UTF-8 or a
-// character outside YAML's printable set.
-func unreadable(text string) (line int, problem string) {
-	line = 1
-	for i, r := range text {
-		switch {
-		case r == '\n':
-			line++
-			continue
-		case r == utf8.RuneError && !strings.HasPrefix(text[i:], "\uFFFD"):
-			return line, "invalid YAML: invalid UTF-8"
-		case r == '\t', r == '\r', r >= 0x20 && r <= 0x7E, r == 0x85,
-			r >= 0xA0 && r <= 0xD7FF, r >= 0xE000 && r <= 0xFFFD, r >= 0x10000:
-			continue
-		}
-		return line, fmt.Sprintf("invalid YAML: control character %U is not allowed", r)
-	}
-	return 0, ""
-}
-
-// structure checks rule 1's generic constraints on every node, whether or not
-// the schema looks at it: tags, duplicate keys and merge keys. Aliases are
-// not followed; their targets are checked where they are defined. The path
-// is kept as segments and rendered only for a message, since this pass
-// visits every node of what is usually a valid bundle.
-func (c *compiler) structure(n *yaml.Node, at []segment) {
-	if n.Style&yaml.TaggedStyle != 0 {
-		c.checkTag(n, render(at))
-	}
-	switch n.Kind {
-	case yaml.SequenceNode:
-		for i, e := range n.Content {
-			c.structure(e, append(at, segment{index: i}))
-		}
-	case yaml.MappingNode:
-		first := make(map[string]int, len(n.Content)/2)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			key := keyText(k)
-			kat := append(at, segment{key: key, index: -1})
-			if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
-				c.fail(k.Line, render(kat), "merge keys are not supported")
-			} else if k.Kind == yaml.ScalarNode || (k.Kind == yaml.AliasNode && k.Alias.Kind == yaml.ScalarNode) {
-				if line, dup := first[key]; dup {
-					c.fail(k.Line, render(kat), "duplicate key (first at line %d)", line)
-				} else {
-					first[key] = k.Line
-				}
-			}
-			c.structure(k, kat)
-			c.structure(v, kat)
-		}
-	}
-}
-
-// segment is one step of a key path: a mapping key, or a list index when
-// index ≥ 0.
-type segment struct {
-	key   string
-	index int
-}
-
-func render(segs []segment) string {
-	p := ""
-	for _, s := range segs {
-		if s.index >= 0 {
-			p = index(p, s.index)
-		} else {
-			p = join(p, s.key)
-		}
-	}
-	return p
-}
-
-// checkTag refuses explicit tags outside the YAML 1.2 core schema. A local
-// tag (`!env`) or a YAML 1.1 type (`!!binary`, `!!timestamp`, `!!set`)
-// would make the text mean something the reader of the bundle cannot see.
-func (c *compiler) checkTag(n *yaml.Node, at string) {
-	var ok bool
-	switch n.Kind {
-	case yaml.ScalarNode:
-		switch n.Tag {
-		case "!!str":
-			ok = true
-		case "!!int", "!!float", "!!bool", "!!null":
-			var v any
-			if n.Decode(&v) != nil {
-				c.fail(n.Line, at, "%q is not a valid %s", n.Value, n.Tag)
-				return
-			}
-			ok = true
-		}
-	case yaml.SequenceNode:
-		ok = n.Tag == "!!seq"
-	case yaml.MappingNode:
-		ok = n.Tag == "!!map"
-	}
-	if !ok {
-		c.fail(n.Line, at, "non-standard tag %s", n.Tag)
-	}
-}
-
-// keyText is the name a mapping key is known by: its literal text, so that
-// `5:` and `"5":` are the same key, as they are for argument names.
-func keyText(k *yaml.Node) string {
-	if k.Kind == yaml.AliasNode && k.Alias != nil {
-		k = k.Alias
-	}
-	if k.Kind == yaml.ScalarNode {
-		return k.Value
-	}
-	return "?"
-}
-
-// join appends a key to a path, bracketing and quoting a key that would
-// otherwise read as path syntax or be invisible.
-func join(parent, key string) string {
-	if !plainKey(key) {
-		return parent + "[" + strconv.Quote(key) + "]"
-	}
-	if parent == "" {
-		return key
-	}
-	return parent + "." + key
-}
-
-func plainKey(key string) bool {
-	for i := 0; i < len(key); i++ {
-		b := key[i]
-		if !(b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '_' || b == '-') {
-			return false
-		}
-	}
-	return key != ""
-}
-
-func index(parent string, i int) string {
-	return parent + "[" + strconv.Itoa(i) + "]"
-}
-
-func deref(n *yaml.Node) *yaml.Node {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	return n
 }
 
 // spend charges the expansion budget for visiting n's children.
@@ -358,28 +121,6 @@ func (c *compiler) spend(n *yaml.Node, at string) bool {
 	return false
 }
 
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	}
-	switch n.Tag {
-	case "!!null":
-		return "null"
-	case "!!str":
-		return "a string"
-	case "!!int":
-		return "an integer"
-	case "!!float":
-		return "a float"
-	case "!!bool":
-		return "a boolean"
-	}
-	return "a " + strings.TrimLeft(n.Tag, "!")
-}
-
 type field struct {
 	key  string
 	k, v *yaml.Node
@@ -390,9 +131,9 @@ type field struct {
 // Duplicates were reported by structure and are skipped here, so that one
 // mistake yields one message.
 func (c *compiler) fields(n *yaml.Node, at string, known []string) (fs []field, ok bool) {
-	n = deref(n)
+	n = yamlx.Deref(n)
 	if n.Kind != yaml.MappingNode {
-		c.fail(n.Line, at, "must be a mapping, got %s", describe(n))
+		c.fail(n.Line, at, "must be a mapping, got %s", yamlx.Describe(n))
 		return nil, false
 	}
 	if !c.spend(n, at) {
@@ -406,9 +147,9 @@ func (c *compiler) fields(n *yaml.Node, at string, known []string) (fs []field, 
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		dk := deref(k)
+		dk := yamlx.Deref(k)
 		if dk.Kind != yaml.ScalarNode {
-			c.fail(k.Line, at, "mapping keys must be strings, got %s", describe(dk))
+			c.fail(k.Line, at, "mapping keys must be strings, got %s", yamlx.Describe(dk))
 			continue
 		}
 		if dk.Tag == "!!merge" {
@@ -416,7 +157,7 @@ func (c *compiler) fields(n *yaml.Node, at string, known []string) (fs []field, 
 		}
 		key := dk.Value
 		if known != nil && !slices.Contains(known, key) {
-			c.fail(k.Line, join(at, key), "unknown key")
+			c.fail(k.Line, yamlx.Join(at, key), "unknown key")
 			continue
 		}
 		if seen != nil {
@@ -434,9 +175,9 @@ func (c *compiler) fields(n *yaml.Node, at string, known []string) (fs []field, 
 
 // list reads a sequence.
 func (c *compiler) list(n *yaml.Node, at string) ([]*yaml.Node, bool) {
-	n = deref(n)
+	n = yamlx.Deref(n)
 	if n.Kind != yaml.SequenceNode {
-		c.fail(n.Line, at, "must be a list, got %s", describe(n))
+		c.fail(n.Line, at, "must be a list, got %s", yamlx.Describe(n))
 		return nil, false
 	}
 	if !c.spend(n, at) {
@@ -450,9 +191,9 @@ func (c *compiler) list(n *yaml.Node, at string) ([]*yaml.Node, bool) {
 // `agent_id: 007` means "007" and not 7; null is refused because a value
 // left out by mistake must not read as the four letters "null".
 func (c *compiler) text(n *yaml.Node, at string) (string, bool) {
-	n = deref(n)
+	n = yamlx.Deref(n)
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		c.fail(n.Line, at, "must be a string, got %s", describe(n))
+		c.fail(n.Line, at, "must be a string, got %s", yamlx.Describe(n))
 		return "", false
 	}
 	return n.Value, true
@@ -461,7 +202,7 @@ func (c *compiler) text(n *yaml.Node, at string) (string, bool) {
 func (c *compiler) nonEmpty(n *yaml.Node, at string) (string, bool) {
 	s, ok := c.text(n, at)
 	if ok && s == "" {
-		c.fail(deref(n).Line, at, "must not be empty")
+		c.fail(yamlx.Deref(n).Line, at, "must not be empty")
 		return "", false
 	}
 	return s, ok
@@ -474,7 +215,7 @@ func (c *compiler) oneOf(n *yaml.Node, at string, values ...string) (string, boo
 		for i, v := range values {
 			quoted[i] = strconv.Quote(v)
 		}
-		c.fail(deref(n).Line, at, "must be one of %s, got %q", strings.Join(quoted, ", "), s)
+		c.fail(yamlx.Deref(n).Line, at, "must be one of %s, got %q", strings.Join(quoted, ", "), s)
 		return "", false
 	}
 	return s, ok
@@ -485,7 +226,7 @@ func (c *compiler) oneOf(n *yaml.Node, at string, values ...string) (string, boo
 var decimal = regexp.MustCompile(`^[-+]?(0|[1-9][0-9]*)$`)
 
 func (c *compiler) integer(n *yaml.Node, at string, lo, hi int64) (int64, bool) {
-	n = deref(n)
+	n = yamlx.Deref(n)
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" && decimal.MatchString(n.Value) {
 		if v, err := strconv.ParseInt(n.Value, 10, 64); err == nil && v >= lo && v <= hi {
 			return v, true
@@ -510,7 +251,7 @@ func (c *compiler) duration(n *yaml.Node, at string) (time.Duration, bool) {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		c.fail(deref(n).Line, at, `must be a Go duration such as "90s" or "1h30m", got %q`, s)
+		c.fail(yamlx.Deref(n).Line, at, `must be a Go duration such as "90s" or "1h30m", got %q`, s)
 		return 0, false
 	}
 	return d, true
@@ -521,7 +262,7 @@ func shown(n *yaml.Node) string {
 	if n.Kind == yaml.ScalarNode {
 		return strconv.Quote(n.Value)
 	}
-	return describe(n)
+	return yamlx.Describe(n)
 }
 
 var (
@@ -536,7 +277,7 @@ var (
 
 func (c *compiler) top(root *yaml.Node) *Bundle {
 	if root.Kind != yaml.MappingNode {
-		c.fail(root.Line, "", "the top level must be a mapping, got %s", describe(root))
+		c.fail(root.Line, "", "the top level must be a mapping, got %s", yamlx.Describe(root))
 		return nil
 	}
 	fs, _ := c.fields(root, "", topKeys)
@@ -563,7 +304,7 @@ type firstUse struct {
 }
 
 func (c *compiler) rules(n *yaml.Node, at string) []Rule {
-	if d := deref(n); d.Kind == yaml.SequenceNode && len(d.Content) > maxRules {
+	if d := yamlx.Deref(n); d.Kind == yaml.SequenceNode && len(d.Content) > maxRules {
 		c.fail(d.Line, at, "has %d rules, more than %d", len(d.Content), maxRules)
 		return nil
 	}
@@ -575,7 +316,7 @@ func (c *compiler) rules(n *yaml.Node, at string) []Rule {
 	ids := make(map[string]firstUse, len(items))
 	prios := make(map[int32]firstUse, len(items))
 	for i, item := range items {
-		rat := index(at, i)
+		rat := yamlx.Index(at, i)
 		r, rc := c.rule(item, rat)
 		if rc.idOK {
 			if prev, dup := ids[r.ID]; dup {
@@ -613,14 +354,14 @@ func (c *compiler) rule(n *yaml.Node, at string) (Rule, ruleCheck) {
 	if !ok {
 		return r, rc
 	}
-	d := deref(n)
+	d := yamlx.Deref(n)
 	var idSeen, prioSeen, thenSeen bool
 	for _, f := range fs {
 		fat := at + "." + f.key
 		switch f.key {
 		case "id":
 			idSeen = true
-			rc.idLine = deref(f.v).Line
+			rc.idLine = yamlx.Deref(f.v).Line
 			if s, ok := c.text(f.v, fat); ok {
 				if p := idProblem(s); p != "" {
 					c.fail(rc.idLine, fat, "%s", p)
@@ -630,7 +371,7 @@ func (c *compiler) rule(n *yaml.Node, at string) (Rule, ruleCheck) {
 			}
 		case "priority":
 			prioSeen = true
-			rc.prioLine = deref(f.v).Line
+			rc.prioLine = yamlx.Deref(f.v).Line
 			if v, ok := c.integer(f.v, fat, math.MinInt32, math.MaxInt32); ok {
 				r.Priority, rc.prioOK = int32(v), true
 			}
@@ -687,12 +428,12 @@ func (c *compiler) when(n *yaml.Node, at string) Conditions {
 				continue
 			}
 			if len(items) == 0 {
-				c.fail(deref(f.v).Line, fat, "must not be empty")
+				c.fail(yamlx.Deref(f.v).Line, fat, "must not be empty")
 				continue
 			}
 			gs := make([]glob, 0, len(items))
 			for i, item := range items {
-				if g, ok := c.glob(item, index(fat, i)); ok {
+				if g, ok := c.glob(item, yamlx.Index(fat, i)); ok {
 					gs = append(gs, g)
 				}
 			}
@@ -707,12 +448,12 @@ func (c *compiler) when(n *yaml.Node, at string) Conditions {
 				continue
 			}
 			if len(items) == 0 {
-				c.fail(deref(f.v).Line, fat, "must not be empty")
+				c.fail(yamlx.Deref(f.v).Line, fat, "must not be empty")
 				continue
 			}
 			ss := make([]string, 0, len(items))
 			for i, item := range items {
-				if s, ok := c.nonEmpty(item, index(fat, i)); ok {
+				if s, ok := c.nonEmpty(item, yamlx.Index(fat, i)); ok {
 					ss = append(ss, s)
 				}
 			}
@@ -736,7 +477,7 @@ func (c *compiler) glob(n *yaml.Node, at string) (glob, bool) {
 		return glob{}, false
 	}
 	if err := validGlob(s); err != nil {
-		c.fail(deref(n).Line, at, "invalid glob %q: %v", s, err)
+		c.fail(yamlx.Deref(n).Line, at, "invalid glob %q: %v", s, err)
 		return glob{}, false
 	}
 	return newGlob(s), true
@@ -749,12 +490,12 @@ func (c *compiler) arguments(n *yaml.Node, at string) ([]argPred, bool) {
 	}
 	preds := make([]argPred, 0, len(fs))
 	for _, f := range fs {
-		if deref(f.k).Tag == "!!null" {
+		if yamlx.Deref(f.k).Tag == "!!null" {
 			c.fail(f.k.Line, at, "argument names must be strings, got null")
 			ok = false
 			continue
 		}
-		p, pok := c.predicate(f.v, join(at, f.key))
+		p, pok := c.predicate(f.v, yamlx.Join(at, f.key))
 		p.name = f.key
 		preds = append(preds, p)
 		ok = ok && pok
@@ -790,7 +531,7 @@ func (c *compiler) predicate(n *yaml.Node, at string) (argPred, bool) {
 			case "contains":
 				p.contains = s
 			case "regex":
-				re, rok := c.regex(s, deref(f.v).Line, fat)
+				re, rok := c.regex(s, yamlx.Deref(f.v).Line, fat)
 				p.regex, ok = re, ok && rok
 			}
 		case "one_of":
@@ -801,20 +542,20 @@ func (c *compiler) predicate(n *yaml.Node, at string) (argPred, bool) {
 				continue
 			}
 			if len(items) == 0 {
-				c.fail(deref(f.v).Line, fat, "must not be empty")
+				c.fail(yamlx.Deref(f.v).Line, fat, "must not be empty")
 				ok = false
 				continue
 			}
 			p.oneOf = make([]string, 0, len(items))
 			for i, item := range items {
-				s, sok := c.constraint(item, index(fat, i))
+				s, sok := c.constraint(item, yamlx.Index(fat, i))
 				ok = ok && sok
 				p.oneOf = append(p.oneOf, s)
 			}
 		}
 	}
 	if !given {
-		c.fail(deref(n).Line, at, "needs at least one non-empty constraint (equals, contains, one_of or regex)")
+		c.fail(yamlx.Deref(n).Line, at, "needs at least one non-empty constraint (equals, contains, one_of or regex)")
 		ok = false
 	}
 	return p, ok
@@ -823,7 +564,7 @@ func (c *compiler) predicate(n *yaml.Node, at string) (argPred, bool) {
 // constraint reads a predicate value: a non-null scalar, taken as its
 // literal text (§19.3 rule 8).
 func (c *compiler) constraint(n *yaml.Node, at string) (string, bool) {
-	d := deref(n)
+	d := yamlx.Deref(n)
 	if d.Kind != yaml.ScalarNode || d.Tag == "!!null" {
 		hint := ""
 		if d.Kind == yaml.ScalarNode {
@@ -832,7 +573,7 @@ func (c *compiler) constraint(n *yaml.Node, at string) (string, bool) {
 				hint = ""
 			}
 		}
-		c.fail(d.Line, at, "must be a string or other scalar, got %s%s", describe(d), hint)
+		c.fail(d.Line, at, "must be a string or other scalar, got %s%s", yamlx.Describe(d), hint)
 		return "", false
 	}
 	return d.Value, true
@@ -877,7 +618,7 @@ func (c *compiler) then(n *yaml.Node, at string) Then {
 		case "reason":
 			if s, ok := c.text(f.v, fat); ok {
 				if len(s) > maxReasonBytes {
-					c.fail(deref(f.v).Line, fat, "is %d bytes, longer than %d", len(s), maxReasonBytes)
+					c.fail(yamlx.Deref(f.v).Line, fat, "is %d bytes, longer than %d", len(s), maxReasonBytes)
 				}
 				t.Reason = s
 			}
@@ -890,7 +631,7 @@ func (c *compiler) then(n *yaml.Node, at string) Then {
 		}
 	}
 	if !decisionSeen {
-		c.fail(deref(n).Line, at+".decision", "required")
+		c.fail(yamlx.Deref(n).Line, at+".decision", "required")
 	}
 	if approvalKey != nil && t.Decision != "" && t.Decision != RequireApproval {
 		c.fail(approvalKey.Line, at+".approval_config", "only allowed when decision is require_approval, not %s", t.Decision)
@@ -917,7 +658,7 @@ func (c *compiler) approval(n *yaml.Node, at string) *ApprovalConfig {
 			}
 			a.Approvers = make([]string, 0, len(items))
 			for i, item := range items {
-				if s, ok := c.nonEmpty(item, index(fat, i)); ok {
+				if s, ok := c.nonEmpty(item, yamlx.Index(fat, i)); ok {
 					a.Approvers = append(a.Approvers, s)
 				}
 			}
@@ -927,14 +668,14 @@ func (c *compiler) approval(n *yaml.Node, at string) *ApprovalConfig {
 				continue
 			}
 			if d < minApprovalTimeout || d > maxApprovalTimeout {
-				c.fail(deref(f.v).Line, fat, "must be between 1s and 8760h, got %s", deref(f.v).Value)
+				c.fail(yamlx.Deref(f.v).Line, fat, "must be between 1s and 8760h, got %s", yamlx.Deref(f.v).Value)
 				continue
 			}
 			a.Timeout = d
 		case "message":
 			if s, ok := c.text(f.v, fat); ok {
 				if len(s) > maxMessageBytes {
-					c.fail(deref(f.v).Line, fat, "is %d bytes, longer than %d", len(s), maxMessageBytes)
+					c.fail(yamlx.Deref(f.v).Line, fat, "is %d bytes, longer than %d", len(s), maxMessageBytes)
 				}
 				a.Message = s
 			}
@@ -960,7 +701,7 @@ func (c *compiler) rateLimit(n *yaml.Node, at string) *RateLimit {
 			windowSeen = true
 			d, ok := c.duration(f.v, fat)
 			if ok && d <= 0 {
-				c.fail(deref(f.v).Line, fat, "must be a positive duration, got %s", deref(f.v).Value)
+				c.fail(yamlx.Deref(f.v).Line, fat, "must be a positive duration, got %s", yamlx.Deref(f.v).Value)
 			}
 			rl.Window = d
 		case "per_what":
@@ -970,10 +711,10 @@ func (c *compiler) rateLimit(n *yaml.Node, at string) *RateLimit {
 		}
 	}
 	if !maxSeen {
-		c.fail(deref(n).Line, at+".max_calls", "required")
+		c.fail(yamlx.Deref(n).Line, at+".max_calls", "required")
 	}
 	if !windowSeen {
-		c.fail(deref(n).Line, at+".window", "required")
+		c.fail(yamlx.Deref(n).Line, at+".window", "required")
 	}
 	return rl
 }

@@ -27,22 +27,6 @@ func TestParseEmptyIsNoPolicy(t *testing.T) {
 	}
 }
 
-func TestValidationErrorFormat(t *testing.T) {
-	for _, tt := range []struct {
-		e    ValidationError
-		want string
-	}{
-		{ValidationError{7, "rules[1].when.targt", "unknown key"}, "line 7: rules[1].when.targt: unknown key"},
-		{ValidationError{3, "", "more than one YAML document"}, "line 3: more than one YAML document"},
-		{ValidationError{0, "", "bundle is too large"}, "bundle is too large"},
-		{ValidationError{0, "rules", "x"}, "rules: x"},
-	} {
-		if got := tt.e.Error(); got != tt.want {
-			t.Errorf("Error() = %q, want %q", got, tt.want)
-		}
-	}
-}
-
 // TestSpecExampleMessage is the message §19.3 quotes.
 func TestSpecExampleMessage(t *testing.T) {
 	_, err := Parse(doc(

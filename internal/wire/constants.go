@@ -3,6 +3,8 @@
 // that the kernel, the HTTP layer and the CLI spell them the same way.
 package wire
 
+import "slices"
+
 // Step decisions (PROTOCOL §10.3, §13).
 const (
 	DecisionProceed           = "proceed"
@@ -58,10 +60,12 @@ const (
 // ExecutionStatuses lists every execution status, for validation of filters.
 var ExecutionStatuses = []string{ExecPending, ExecRunning, ExecBlocked, ExecCompleted, ExecFailed, ExecCancelled}
 
+// ExecTerminalStatuses are the statuses an execution never leaves; every
+// other status is live.
+var ExecTerminalStatuses = []string{ExecCompleted, ExecFailed, ExecCancelled}
+
 // ExecTerminal reports whether an execution status is terminal.
-func ExecTerminal(s string) bool {
-	return s == ExecCompleted || s == ExecFailed || s == ExecCancelled
-}
+func ExecTerminal(s string) bool { return slices.Contains(ExecTerminalStatuses, s) }
 
 // Step statuses.
 const (
@@ -78,10 +82,11 @@ const (
 // StepStatuses lists every step status, for validation of filters.
 var StepStatuses = []string{StepProposed, StepAllowed, StepDenied, StepAwaitingApproval, StepExecuting, StepSucceeded, StepFailed, StepCancelled}
 
+// StepTerminalStatuses are the statuses a step never leaves.
+var StepTerminalStatuses = []string{StepSucceeded, StepFailed, StepDenied, StepCancelled}
+
 // StepTerminal reports whether a step status is terminal.
-func StepTerminal(s string) bool {
-	return s == StepSucceeded || s == StepFailed || s == StepDenied || s == StepCancelled
-}
+func StepTerminal(s string) bool { return slices.Contains(StepTerminalStatuses, s) }
 
 // Approval statuses.
 const (

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -176,9 +177,14 @@ func notFound(err error) error {
 // finished execution statuses, written as the schema's partial indexes
 // write them.
 var (
-	nonTerminalList = "'" + wire.ExecPending + "','" + wire.ExecRunning + "','" + wire.ExecBlocked + "'"
-	terminalList    = "'" + wire.ExecCompleted + "','" + wire.ExecFailed + "','" + wire.ExecCancelled + "'"
+	nonTerminalList = sqlList(slices.DeleteFunc(slices.Clone(wire.ExecutionStatuses), wire.ExecTerminal))
+	terminalList    = sqlList(wire.ExecTerminalStatuses)
 )
+
+// sqlList writes constant strings as an SQL list of literals.
+func sqlList(values []string) string {
+	return "'" + strings.Join(values, "','") + "'"
+}
 
 // ---- executions ----
 
