@@ -37,7 +37,6 @@ const (
 	keyPolicyFile = "policy_file"
 	yamlTagStr    = "!!str"
 	yamlTagInt    = "!!int"
-	yamlTagNull   = "!!null"
 )
 
 var agentKeys = map[string]bool{
