@@ -111,11 +111,13 @@ func runDev(s *settings, stderr io.Writer) error {
 	}
 
 	handler := api.New(k, api.Options{BearerToken: s.BearerToken, RequireV1: s.RequireV1, MaxBodyBytes: s.MaxBodyBytes,
-		MaxStreams: s.MaxStreams, Logger: log, ManualClock: manual})
+		MaxStreams: s.MaxStreams, Logger: log, ManualClock: manual,
+		ListenAddr: s.ListenAddr, AllowedHosts: s.AllowedHosts, AllowedOrigins: s.AllowedOrigins})
 	ln, err := net.Listen("tcp", s.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.ListenAddr, err)
 	}
+	ln = api.Listener(ln)
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,

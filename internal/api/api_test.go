@@ -79,10 +79,19 @@ func (v *env) do(r req) *httptest.ResponseRecorder {
 	v.t.Helper()
 	var body io.Reader = strings.NewReader(r.body)
 	hr := httptest.NewRequest(r.method, r.target, body)
+	// As a client on the same machine sends it: to localhost, JSON as JSON.
+	hr.Host = "localhost:8080"
+	if r.body != "" {
+		hr.Header.Set("Content-Type", "application/json")
+	}
 	for name, vals := range r.header {
+		hr.Header.Del(name)
 		for _, val := range vals {
 			hr.Header.Add(name, val)
 		}
+	}
+	if hosts := r.header.Values("Host"); len(hosts) > 0 {
+		hr.Host = hosts[0]
 	}
 	if r.bearer {
 		hr.Header.Set("Authorization", "Bearer "+token)
@@ -318,6 +327,7 @@ func TestOrderOfChecks(t *testing.T) {
 	errorOf(t, v.do(req{method: "POST", target: "/v0/executions/" + e.ID + "/cancel", bearer: true}), 409, wire.CodeExecutionTerminal)
 	// A body streamed past the limit without a Content-Length is 413 too.
 	hr := httptest.NewRequest("POST", "/v0/executions", io.MultiReader(strings.NewReader(big)))
+	hr.Host = "localhost:8080"
 	hr.ContentLength = -1
 	hr.Header.Set("Authorization", "Bearer "+token)
 	rec := httptest.NewRecorder()
@@ -326,6 +336,7 @@ func TestOrderOfChecks(t *testing.T) {
 	// A declared Content-Length over the limit is refused without reading.
 	probe := &readProbe{}
 	hr = httptest.NewRequest("POST", "/v0/executions", probe)
+	hr.Host = "localhost:8080"
 	hr.ContentLength = 1 << 30
 	rec = httptest.NewRecorder()
 	v.s.ServeHTTP(rec, hr)

@@ -24,6 +24,7 @@ var statusOf = map[string]int{
 	wire.CodeExecutionTerminal: http.StatusConflict,
 	wire.CodeLeaseSuperseded:   http.StatusConflict,
 	wire.CodePayloadTooLarge:   http.StatusRequestEntityTooLarge,
+	wire.CodeUnsupportedMedia:  http.StatusUnsupportedMediaType,
 	wire.CodeInternal:          http.StatusInternalServerError,
 	wire.CodeUnavailable:       http.StatusServiceUnavailable,
 }

@@ -16,49 +16,49 @@ import (
 )
 
 func (s *Server) registerRoutes() {
-	add := func(method, pattern string, a authKind, readsBody bool, h func(*call) error) *route {
-		r := &route{method: method, pattern: pattern, auth: a, readsBody: readsBody, handle: h}
+	add := func(method, pattern string, a authKind, body bodyKind, h func(*call) error) *route {
+		r := &route{method: method, pattern: pattern, auth: a, body: body, handle: h}
 		s.routes.add(r)
 		return r
 	}
 	const ex = "/v0/executions/{id}"
-	add(http.MethodPost, "/v0/executions", authBearer, true, handleCreate)
-	add(http.MethodGet, "/v0/executions", authBearer, false, handleList)
-	add(http.MethodGet, ex, authDual, false, handleGet)
-	add(http.MethodGet, ex+"/events", authDual, false, handleEvents)
-	add(http.MethodGet, ex+"/events/stream", authDual, false, handleEventStream).streaming = true
-	add(http.MethodGet, ex+"/stream", authDual, false, handleDeltaStream).streaming = true
-	add(http.MethodPost, ex+"/cancel", authBearer, false, handleCancel)
-	add(http.MethodGet, ex+"/steps", authDual, false, handleSteps)
-	add(http.MethodGet, ex+"/steps/{step_id}", authDual, false, handleStep)
-	add(http.MethodPost, ex+"/steps", authHMAC, true, handleSubmit)
-	add(http.MethodPost, ex+"/steps/{step_id}/complete", authHMAC, true, handleOutcome(true))
-	add(http.MethodPost, ex+"/steps/{step_id}/fail", authHMAC, true, handleOutcome(false))
-	add(http.MethodPost, ex+"/steps/{step_id}/stream", authHMAC, true, handleDelta)
-	add(http.MethodPost, ex+"/heartbeat", authHMAC, true, handleHeartbeat)
-	add(http.MethodPost, ex+"/complete", authHMAC, true, handleComplete)
-	add(http.MethodPost, ex+"/fail", authHMAC, true, handleFail)
-	add(http.MethodGet, ex+"/previous", authDual, false, handlePrevious)
-	add(http.MethodPost, ex+"/fork", authBearer, true, handleFork)
-	add(http.MethodGet, ex+"/forks", authDual, false, handleForks)
-	add(http.MethodGet, ex+"/coverage", authDual, false, handleCoverage)
-	add(http.MethodPost, ex+"/resources", authHMAC, true, handleRegisterResource)
-	add(http.MethodPost, ex+"/resources/{key}/binding", authHMAC, true, handleBind)
-	add(http.MethodPost, ex+"/resources/checkpoints", authHMAC, true, handlePublish)
-	add(http.MethodPost, "/v0/agents", authBearer, true, handleRegister)
-	add(http.MethodGet, "/v0/agents", authBearer, false, handleListAgents)
-	add(http.MethodGet, "/v0/agents/{agent_id}", authBearer, false, handleGetAgent)
-	add(http.MethodDelete, "/v0/agents/{agent_id}", authBearer, false, handleDeleteAgent)
-	add(http.MethodPut, "/v0/agents/{agent_id}/metadata", authHMAC, true, handleMetadata)
-	add(http.MethodPost, "/v0/policies/{agent_id}", authBearer, true, handlePolicy)
-	add(http.MethodGet, "/v0/approvals", authBearer, false, handleListApprovals)
-	add(http.MethodGet, "/v0/approvals/{approval_id}", authBearer, false, handleGetApproval)
-	add(http.MethodPost, "/v0/approvals/{approval_id}/grant", authBearer, true, handleDecide(true))
-	add(http.MethodPost, "/v0/approvals/{approval_id}/deny", authBearer, true, handleDecide(false))
-	add(http.MethodGet, "/v0/health", authNone, false, handleHealth)
-	add(http.MethodGet, "/v0/ready", authNone, false, handleReady)
-	add(http.MethodGet, "/metrics", authNone, false, handleMetrics)
-	add(http.MethodPost, "/v0/test/clock", authBearer, true, handleTestClock)
+	add(http.MethodPost, "/v0/executions", authBearer, bodyJSON, handleCreate)
+	add(http.MethodGet, "/v0/executions", authBearer, bodyNone, handleList)
+	add(http.MethodGet, ex, authDual, bodyNone, handleGet)
+	add(http.MethodGet, ex+"/events", authDual, bodyNone, handleEvents)
+	add(http.MethodGet, ex+"/events/stream", authDual, bodyNone, handleEventStream).streaming = true
+	add(http.MethodGet, ex+"/stream", authDual, bodyNone, handleDeltaStream).streaming = true
+	add(http.MethodPost, ex+"/cancel", authBearer, bodyNone, handleCancel)
+	add(http.MethodGet, ex+"/steps", authDual, bodyNone, handleSteps)
+	add(http.MethodGet, ex+"/steps/{step_id}", authDual, bodyNone, handleStep)
+	add(http.MethodPost, ex+"/steps", authHMAC, bodyJSON, handleSubmit)
+	add(http.MethodPost, ex+"/steps/{step_id}/complete", authHMAC, bodyJSON, handleOutcome(true))
+	add(http.MethodPost, ex+"/steps/{step_id}/fail", authHMAC, bodyJSON, handleOutcome(false))
+	add(http.MethodPost, ex+"/steps/{step_id}/stream", authHMAC, bodyJSON, handleDelta)
+	add(http.MethodPost, ex+"/heartbeat", authHMAC, bodyEmpty, handleHeartbeat)
+	add(http.MethodPost, ex+"/complete", authHMAC, bodyJSON, handleComplete)
+	add(http.MethodPost, ex+"/fail", authHMAC, bodyJSON, handleFail)
+	add(http.MethodGet, ex+"/previous", authDual, bodyNone, handlePrevious)
+	add(http.MethodPost, ex+"/fork", authBearer, bodyJSON, handleFork)
+	add(http.MethodGet, ex+"/forks", authDual, bodyNone, handleForks)
+	add(http.MethodGet, ex+"/coverage", authDual, bodyNone, handleCoverage)
+	add(http.MethodPost, ex+"/resources", authHMAC, bodyJSON, handleRegisterResource)
+	add(http.MethodPost, ex+"/resources/{key}/binding", authHMAC, bodyJSON, handleBind)
+	add(http.MethodPost, ex+"/resources/checkpoints", authHMAC, bodyJSON, handlePublish)
+	add(http.MethodPost, "/v0/agents", authBearer, bodyJSON, handleRegister)
+	add(http.MethodGet, "/v0/agents", authBearer, bodyNone, handleListAgents)
+	add(http.MethodGet, "/v0/agents/{agent_id}", authBearer, bodyNone, handleGetAgent)
+	add(http.MethodDelete, "/v0/agents/{agent_id}", authBearer, bodyNone, handleDeleteAgent)
+	add(http.MethodPut, "/v0/agents/{agent_id}/metadata", authHMAC, bodyJSON, handleMetadata)
+	add(http.MethodPost, "/v0/policies/{agent_id}", authBearer, bodyJSON, handlePolicy)
+	add(http.MethodGet, "/v0/approvals", authBearer, bodyNone, handleListApprovals)
+	add(http.MethodGet, "/v0/approvals/{approval_id}", authBearer, bodyNone, handleGetApproval)
+	add(http.MethodPost, "/v0/approvals/{approval_id}/grant", authBearer, bodyJSON, handleDecide(true))
+	add(http.MethodPost, "/v0/approvals/{approval_id}/deny", authBearer, bodyJSON, handleDecide(false))
+	add(http.MethodGet, "/v0/health", authNone, bodyNone, handleHealth)
+	add(http.MethodGet, "/v0/ready", authNone, bodyNone, handleReady)
+	add(http.MethodGet, "/metrics", authNone, bodyNone, handleMetrics)
+	add(http.MethodPost, "/v0/test/clock", authBearer, bodyJSON, handleTestClock)
 }
 
 // ---- parameters ----

@@ -15,15 +15,24 @@ const (
 	authDual
 )
 
+// bodyKind says what a route reads from its body.
+type bodyKind int
+
+const (
+	bodyNone  bodyKind = iota // absent or ignored
+	bodyJSON                  // one JSON object, sent as application/json
+	bodyEmpty                 // read (to sign it) and required to be empty: the heartbeat
+)
+
 // route is one row of the route table (§6). Patterns are matched segment by
 // segment; a segment in braces captures a parameter.
 type route struct {
 	method  string
 	pattern string
 	auth    authKind
-	// readsBody is false for routes whose body is ignored (cancel) or absent
-	// (GET); their body is neither read nor limited.
-	readsBody bool
+	// body is what the route reads; bodyNone routes (GET, cancel, delete)
+	// neither read nor limit theirs.
+	body bodyKind
 	// streaming routes have no overall write timeout.
 	streaming bool
 	handle    func(c *call) error

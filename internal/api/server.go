@@ -32,6 +32,11 @@ type Options struct {
 	Logger       *slog.Logger
 	// ManualClock enables POST /v0/test/clock (test builds only).
 	ManualClock *clock.Manual
+	// ListenAddr, AllowedHosts and AllowedOrigins drive the checks that keep
+	// web pages from driving the kernel (origin.go).
+	ListenAddr     string
+	AllowedHosts   []string
+	AllowedOrigins []string
 }
 
 // Server handles the /v0 API.
@@ -46,6 +51,7 @@ type Server struct {
 	shutdown chan struct{}
 	secrets  *secretCache
 	metrics  http.Handler
+	origins  *originPolicy
 }
 
 // New builds the HTTP handler.
@@ -54,7 +60,8 @@ func New(k *kernel.Kernel, opt Options) *Server {
 		opt.Logger = slog.Default()
 	}
 	s := &Server{k: k, opt: opt, log: opt.Logger, shutdown: make(chan struct{}),
-		secrets: newSecretCache(k), metrics: promhttp.HandlerFor(k.Metrics().Registry, promhttp.HandlerOpts{})}
+		secrets: newSecretCache(k), metrics: promhttp.HandlerFor(k.Metrics().Registry, promhttp.HandlerOpts{}),
+		origins: newOriginPolicy(opt.ListenAddr, opt.AllowedHosts, opt.AllowedOrigins)}
 	s.registerRoutes()
 	return s
 }
@@ -129,6 +136,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.HTTPDuration.WithLabelValues(pattern, status).Observe(time.Since(start).Seconds())
 	}()
 
+	if err := s.origins.check(r); err != nil {
+		c.writeError(err)
+		return
+	}
 	rt, params, allowed := s.routes.match(r.Method, r.URL.Path)
 	if rt == nil {
 		if len(allowed) > 0 {
@@ -153,6 +164,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.writeError(err)
 		return
 	}
+	if err := c.checkContentType(); err != nil {
+		c.writeError(err)
+		return
+	}
 	if err := rt.handle(c); err != nil {
 		c.writeError(err)
 	}
@@ -160,7 +175,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // readBody enforces the body limit of §3.2 before anything else reads it.
 func (c *call) readBody() error {
-	if !c.route.readsBody && c.route.auth != authHMAC {
+	if c.route.body == bodyNone && c.route.auth != authHMAC {
 		return nil
 	}
 	limit := c.s.opt.MaxBodyBytes

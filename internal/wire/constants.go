@@ -28,6 +28,7 @@ const (
 	CodeExecutionTerminal = "execution_terminal"
 	CodeLeaseSuperseded   = "lease_superseded"
 	CodePayloadTooLarge   = "payload_too_large"
+	CodeUnsupportedMedia  = "unsupported_media_type"
 	CodeInternal          = "internal_error"
 	CodeUnavailable       = "unavailable"
 )

@@ -138,9 +138,14 @@ func hsSend(t *testing.T, k *kt.Kernel, req *http.Request) *kt.Response {
 	return hsSendWith(t, k.HTTP, req)
 }
 
-// hsSendWith sends a prepared request with the given client.
+// hsSendWith sends a prepared request with the given client. A body goes
+// out as JSON unless the request names another type, as every client
+// library sends it.
 func hsSendWith(t *testing.T, client *http.Client, req *http.Request) *kt.Response {
 	t.Helper()
+	if req.Body != nil && req.ContentLength != 0 && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", req.Method, req.URL, err)

@@ -131,7 +131,7 @@ func TestAuthBearer(t *testing.T) {
 	// Route, method and body size are decided before authentication (§3.6).
 	hsWantErr(t, hsSend(t, k, hsPlain(t, k, "DELETE", "/v0/executions", "")), 405, "method_not_allowed")
 	hsWantErr(t, hsSend(t, k, hsPlain(t, k, "GET", "/v0/nowhere", "")), 404, "not_found")
-	resp, body := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: k\r\nContent-Length: 20000000\r\n\r\n{"))
+	resp, body := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20000000\r\n\r\n{"))
 	if resp.StatusCode != 413 || !strings.Contains(string(body), "payload_too_large") {
 		t.Fatalf("oversized unauthenticated body: %d %s", resp.StatusCode, body)
 	}
@@ -440,7 +440,7 @@ func TestAuthCRLF(t *testing.T) {
 
 	raw := func(tsValue, dispatchValue string) []byte {
 		mac := auth.SignV1([]byte(a.Secret), "POST", path, tsValue, dispatchValue, attempt, []byte(body))
-		return []byte("POST " + path + " HTTP/1.1\r\nHost: " + addr + "\r\n" +
+		return []byte("POST " + path + " HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/json\r\n" +
 			"Rebuno-Agent-Id: crlf\r\nRebuno-Timestamp: " + tsValue + "\r\n" +
 			"Rebuno-Dispatch-Id: " + dispatchValue + "\r\nRebuno-Dispatch-Attempt: " + attempt + "\r\n" +
 			"Rebuno-Signature: " + mac + "\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)

@@ -65,7 +65,7 @@ func TestBadInputBodySize(t *testing.T) {
 
 	// A huge declared length is answered without waiting for the body: the
 	// raw request sends a few bytes and then nothing.
-	resp, body := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: k\r\nContent-Type: application/json\r\n"+
+	resp, body := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"+
 		"Content-Length: 100000000\r\n\r\n{\"agent_id\":\"big\""))
 	if resp.StatusCode != 413 || !strings.Contains(string(body), `"code":"payload_too_large"`) {
 		t.Fatalf("declared 100 MB: %d %s", resp.StatusCode, body)
@@ -73,7 +73,7 @@ func TestBadInputBodySize(t *testing.T) {
 	// A chunked body is answered as soon as it crosses the limit; the
 	// terminating chunk is never sent.
 	var raw bytes.Buffer
-	raw.WriteString("POST /v0/executions HTTP/1.1\r\nHost: k\r\nTransfer-Encoding: chunked\r\n\r\n")
+	raw.WriteString("POST /v0/executions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
 	first := `{"agent_id":"big","input":"`
 	fmt.Fprintf(&raw, "%x\r\n%s\r\n", len(first), first)
 	fmt.Fprintf(&raw, "%x\r\n%s\r\n", limit, strings.Repeat("a", limit))
@@ -978,7 +978,7 @@ func TestBadInputPathsAndQueries(t *testing.T) {
 			t.Fatalf("oversized headers: %s", r)
 		}
 	}
-	resp, _ := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: k\r\nX-Big: "+strings.Repeat("b", 70<<10)+"\r\nContent-Length: 20\r\n\r\n{\"agent_id\":\"pather\"}"))
+	resp, _ := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: localhost\r\nX-Big: "+strings.Repeat("b", 70<<10)+"\r\nContent-Length: 20\r\n\r\n{\"agent_id\":\"pather\"}"))
 	if resp.StatusCode != 431 {
 		t.Fatalf("oversized headers on create: %d", resp.StatusCode)
 	}

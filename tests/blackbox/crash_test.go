@@ -40,6 +40,7 @@ func cxCall(a cxAgentRef, method, path, body string, l kt.Lease) (int, []byte, e
 	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	attempt := ""
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Rebuno-Agent-Id", a.id)
 	req.Header.Set("Rebuno-Timestamp", ts)
 	if l.DispatchID != "" {

@@ -255,6 +255,9 @@ func (k *Kernel) Do(method, path string, body []byte, headers map[string]string)
 	if k.opt.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+k.opt.Token)
 	}
+	if len(body) > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for name, v := range headers {
 		req.Header.Set(name, v)
 	}
