@@ -311,6 +311,13 @@ func (a *agent) call(ctx context.Context, rn *run, method, path string, body any
 	}
 }
 
+// mac is the lowercase hex HMAC-SHA256 of msg under the agent's secret.
+func (a *agent) mac(msg []byte) string {
+	m := hmac.New(sha256.New, a.secret)
+	m.Write(msg)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 func (a *agent) send(ctx context.Context, rn *run, method, path string, body []byte, fenced bool, extra map[string]string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, a.kernel+path, bytes.NewReader(body))
 	if err != nil {
@@ -331,9 +338,13 @@ func (a *agent) send(ctx context.Context, rn *run, method, path string, body []b
 	req.Header.Set("Rebuno-Timestamp", ts)
 	// The v1 signature binds method, target, time, dispatch and body (§4.3).
 	msg := fmt.Appendf(nil, "rebuno-request-v1\n%s\n%s\n%s\n%s\n%s\n", method, req.URL.RequestURI(), ts, dispatchID, attempt)
-	mac := hmac.New(sha256.New, a.secret)
-	mac.Write(append(msg, body...))
-	req.Header.Set("Rebuno-Signature", "v1="+hex.EncodeToString(mac.Sum(nil)))
+	sig := "v1=" + a.mac(append(msg, body...))
+	req.Header.Set("Rebuno-Signature", sig)
+	// The request signature does not cover the occurrence; its own signature
+	// binds it to this request, so a replay cannot change it.
+	if occ := req.Header.Get("Rebuno-Step-Occurrence"); occ != "" {
+		req.Header.Set("Rebuno-Occurrence-Signature", "v1="+a.mac([]byte("rebuno-occurrence-v1\n"+sig+"\n"+occ)))
+	}
 	resp, err := a.http.Do(req)
 	if err != nil {
 		return 0, nil, err

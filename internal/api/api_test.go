@@ -107,8 +107,12 @@ func (v *env) do(r req) *httptest.ResponseRecorder {
 		} else {
 			ts := strconv.FormatInt(time.Now().Unix(), 10)
 			hr.Header.Set(wire.HeaderTimestamp, ts)
-			hr.Header.Set(wire.HeaderSignature, auth.SignV1([]byte(key), r.method, hr.RequestURI, ts,
-				hr.Header.Get(wire.HeaderDispatchID), hr.Header.Get(wire.HeaderDispatchAttempt), []byte(r.body)))
+			sig := auth.SignV1([]byte(key), r.method, hr.RequestURI, ts,
+				hr.Header.Get(wire.HeaderDispatchID), hr.Header.Get(wire.HeaderDispatchAttempt), []byte(r.body))
+			hr.Header.Set(wire.HeaderSignature, sig)
+			if occ := hr.Header.Get(wire.HeaderStepOccurrence); occ != "" {
+				hr.Header.Set(wire.HeaderOccurrenceSignature, auth.SignOccurrence([]byte(key), sig, occ))
+			}
 		}
 	}
 	rec := httptest.NewRecorder()

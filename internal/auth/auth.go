@@ -70,6 +70,7 @@ var (
 	errTimestampMalformed = errors.New("malformed Rebuno-Timestamp")
 	errTimestampWindow    = errors.New("timestamp outside the signature window")
 	errMismatch           = errors.New("signature mismatch")
+	errOccurrenceUnbound  = errors.New("Rebuno-Step-Occurrence without a valid Rebuno-Occurrence-Signature")
 )
 
 // Verify checks the Rebuno-Signature of req against secret, the agent's secret
@@ -148,7 +149,43 @@ func Verify(req Request, secret []byte, opt Options) error {
 	if !hmac.Equal(mac[:], sum(secret, signed)) {
 		return errMismatch
 	}
+	return verifyOccurrence(req.Header, secret, sigs[0], single)
+}
+
+// verifyOccurrence checks that a Rebuno-Step-Occurrence, which the request
+// signature does not cover, is bound to the request by its own signature:
+// without it, a captured submit could be replayed with another occurrence
+// and start a step its agent never asked for.
+func verifyOccurrence(h http.Header, secret []byte, requestSig string, single func(string) (string, bool, error)) error {
+	occurrence, present, err := single(wire.HeaderStepOccurrence)
+	if err != nil || !present {
+		return err
+	}
+	sig, present, err := single(wire.HeaderOccurrenceSignature)
+	if err != nil {
+		return err
+	}
+	var mac [sha256.Size]byte
+	if !present || !strings.HasPrefix(sig, wire.SignaturePrefixV1) || !decodeMAC(sig[len(wire.SignaturePrefixV1):], &mac) {
+		return errOccurrenceUnbound
+	}
+	if !hmac.Equal(mac[:], sum(secret, OccurrenceMessage(requestSig, occurrence))) {
+		return errOccurrenceUnbound
+	}
 	return nil
+}
+
+// OccurrenceMessage builds the message an occurrence signature covers: the
+// prefix line, the request's Rebuno-Signature value as sent, and the
+// occurrence as sent, joined by LF, without a final LF.
+func OccurrenceMessage(requestSig, occurrence string) []byte {
+	return []byte(wire.OccurrenceMessagePrefix + "\n" + requestSig + "\n" + occurrence)
+}
+
+// SignOccurrence returns the Rebuno-Occurrence-Signature value binding
+// occurrence to a request signed with requestSig.
+func SignOccurrence(secret []byte, requestSig, occurrence string) string {
+	return wire.SignaturePrefixV1 + hex.EncodeToString(sum(secret, OccurrenceMessage(requestSig, occurrence)))
 }
 
 // V1Message builds the message a v1 signature covers: six LF-terminated lines

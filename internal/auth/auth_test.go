@@ -390,3 +390,61 @@ func TestHeaderValuesLeavesCallerHeaderAlone(t *testing.T) {
 		t.Fatalf("caller's slices were written: %q %q", a[:2], b[:2])
 	}
 }
+
+// The occurrence signature vectors (docs/protocol): the secret and request
+// signature below, occurrences 0 and 7.
+func TestOccurrenceSignatureVectors(t *testing.T) {
+	const key = "s3cret-agent-key"
+	for occ, want := range map[string]string{
+		"0": "v1=c6884bbf6fcc8941aeac42d932b31cfdb1c369d7fee69e13bc887b6c313ef6c8",
+		"7": "v1=7eb262dd2b0b6db488386364a4d0ce8e8c0c8b517048fb10f62eb32d58b86a60",
+	} {
+		if got := SignOccurrence([]byte(key), vec3Sig, occ); got != want {
+			t.Errorf("SignOccurrence(occurrence %s) = %s, want %s", occ, got, want)
+		}
+	}
+}
+
+// A submit naming its occurrence must bind it with the occurrence signature;
+// a captured request replayed with another occurrence, or with the binding
+// taken away, is refused as unauthentic.
+func TestOccurrenceBinding(t *testing.T) {
+	req := vec1.request(vec1Sig)
+	opt := Options{Now: vecNow}
+	if err := Verify(req, secret, opt); err != nil {
+		t.Fatalf("without an occurrence: %v", err)
+	}
+	req.Header[wire.HeaderStepOccurrence] = []string{"2"}
+	if err := Verify(req, secret, opt); !errors.Is(err, errOccurrenceUnbound) {
+		t.Fatalf("unbound occurrence: got %v, want %v", err, errOccurrenceUnbound)
+	}
+	req.Header[wire.HeaderOccurrenceSignature] = []string{SignOccurrence(secret, vec1Sig, "2")}
+	if err := Verify(req, secret, opt); err != nil {
+		t.Fatalf("bound occurrence: %v", err)
+	}
+	for name, mutate := range map[string]func(h http.Header){
+		"another occurrence": func(h http.Header) { h[wire.HeaderStepOccurrence] = []string{"3"} },
+		"signed with another key": func(h http.Header) {
+			h[wire.HeaderOccurrenceSignature] = []string{SignOccurrence([]byte("other"), vec1Sig, "2")}
+		},
+		"bound to another request": func(h http.Header) {
+			h[wire.HeaderOccurrenceSignature] = []string{SignOccurrence(secret, vec2Sig, "2")}
+		},
+		"uppercase hex": func(h http.Header) {
+			h[wire.HeaderOccurrenceSignature] = []string{strings.ToUpper(SignOccurrence(secret, vec1Sig, "2"))}
+		},
+		"repeated occurrence": func(h http.Header) { h[wire.HeaderStepOccurrence] = []string{"2", "2"} },
+		"repeated binding": func(h http.Header) {
+			s := SignOccurrence(secret, vec1Sig, "2")
+			h[wire.HeaderOccurrenceSignature] = []string{s, s}
+		},
+	} {
+		r := vec1.request(vec1Sig)
+		r.Header[wire.HeaderStepOccurrence] = []string{"2"}
+		r.Header[wire.HeaderOccurrenceSignature] = []string{SignOccurrence(secret, vec1Sig, "2")}
+		mutate(r.Header)
+		if err := Verify(r, secret, opt); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -147,21 +147,24 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 				return validation("resources", "unknown resource key %q", key)
 			}
 		}
-		// The occurrence is the agent's when it names one (checked against
-		// the highest recorded), else the next of this dispatch's counter.
-		// mayExist says whether a step with the resulting id can be recorded
-		// already: not when the agent names the occurrence after the highest
-		// one, which spares each new step of such an agent a read.
-		occ, consumed, hasCounter, mayExist := int64(0), int64(0), false, true
-		if !r.HasOccurrence {
-			var err error
-			if consumed, hasCounter, err = o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash); err != nil {
-				return fmt.Errorf("read counter: %w", err)
-			}
-			if hasCounter {
-				occ = consumed + 1
-			}
-		} else {
+		// The occurrence is the next of this dispatch's counter, or the
+		// agent's when it names one. A named occurrence has two bounds: at
+		// most one past the highest recorded for the identity, and at most
+		// the counter's next, so that it can only be the call the agent makes
+		// next or a retry of one it made. mayExist says whether a step with
+		// the resulting id can be recorded already: not when the agent names
+		// the occurrence after the highest one, which spares each new step of
+		// such an agent a read.
+		consumed, hasCounter, err := o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
+		if err != nil {
+			return fmt.Errorf("read counter: %w", err)
+		}
+		next := int64(0)
+		if hasCounter {
+			next = consumed + 1
+		}
+		occ, mayExist := next, true
+		if r.HasOccurrence {
 			highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
 			if err != nil {
 				return fmt.Errorf("read occurrences: %w", err)
@@ -170,7 +173,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 			if found {
 				limit = highest + 1
 			}
-			if r.Occurrence > limit {
+			if r.Occurrence > limit || r.Occurrence > next {
 				return &Error{Code: wire.CodeValidation, Field: wire.HeaderStepOccurrence,
 					Message: "validation error: occurrence is ahead of the kernel"}
 			}
@@ -203,9 +206,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 		}
 		if dec.StepID != "" {
 			dec.Occurrence = occ
-			// Unread when the agent named the occurrence: RaiseCounter leaves
-			// a counter already as high alone.
-			if r.HasOccurrence || !hasCounter || occ > consumed {
+			if !hasCounter || occ > consumed {
 				if err := o.tx.RaiseCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash, occ); err != nil {
 					return fmt.Errorf("advance counter: %w", err)
 				}

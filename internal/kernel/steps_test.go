@@ -499,6 +499,19 @@ func TestOccurrenceCounting(t *testing.T) {
 		if dec.Occurrence != 0 || dec.StepID != identity.StepID(e.ID, wire.KindToolCall, "search", h, 0) {
 			t.Fatalf("first call of attempt 2 = %+v", dec)
 		}
+		// Occurrences 0 to 4 are recorded, but this attempt has handed out
+		// only 0: a named occurrence may be its next (1), never one further,
+		// so a replayed request cannot start a step the agent skipped to.
+		r := req(t, wire.KindToolCall, "search", args)
+		r.HasOccurrence, r.Occurrence = true, 2
+		_, err := fx.k.SubmitStep(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del2), r)
+		if ke := wantCode(t, err, wire.CodeValidation); ke.Field != wire.HeaderStepOccurrence {
+			t.Fatalf("occurrence 2 after handing out 0: %+v", ke)
+		}
+		r.Occurrence = 1
+		if dec := fx.submitReq(e.ID, hdr(del2), r); dec.Occurrence != 1 || dec.StepID != identity.StepID(e.ID, wire.KindToolCall, "search", h, 1) {
+			t.Fatalf("occurrence 1 after handing out 0 = %+v", dec)
+		}
 	})
 
 	t.Run("a newer dispatch deletes the old counters and starts from 0", func(t *testing.T) {

@@ -173,22 +173,27 @@ const (
 
 // Header names (Appendix A).
 const (
-	HeaderAuthorization    = "Authorization"
-	HeaderAgentID          = "Rebuno-Agent-Id"
-	HeaderSignature        = "Rebuno-Signature"
-	HeaderTimestamp        = "Rebuno-Timestamp"
-	HeaderDispatchID       = "Rebuno-Dispatch-Id"
-	HeaderDispatchAttempt  = "Rebuno-Dispatch-Attempt"
-	HeaderStepOccurrence   = "Rebuno-Step-Occurrence"
-	HeaderExecutionID      = "Rebuno-Execution-Id"
-	HeaderRequestID        = "Rebuno-Request-Id"
-	HeaderIdempotencyKey   = "Idempotency-Key"
-	HeaderLastEventID      = "Last-Event-ID"
-	HeaderRetryAfter       = "Retry-After"
-	HeaderAllow            = "Allow"
-	SignaturePrefixV1      = "v1="
-	SignaturePrefixLegacy  = "sha256="
-	SignatureMessagePrefix = "rebuno-request-v1"
+	HeaderAuthorization   = "Authorization"
+	HeaderAgentID         = "Rebuno-Agent-Id"
+	HeaderSignature       = "Rebuno-Signature"
+	HeaderTimestamp       = "Rebuno-Timestamp"
+	HeaderDispatchID      = "Rebuno-Dispatch-Id"
+	HeaderDispatchAttempt = "Rebuno-Dispatch-Attempt"
+	HeaderStepOccurrence  = "Rebuno-Step-Occurrence"
+	// HeaderOccurrenceSignature binds Rebuno-Step-Occurrence to the signed
+	// request, which the v1 signature alone does not cover.
+	HeaderOccurrenceSignature = "Rebuno-Occurrence-Signature"
+	HeaderExecutionID         = "Rebuno-Execution-Id"
+	HeaderRequestID           = "Rebuno-Request-Id"
+	HeaderIdempotencyKey      = "Idempotency-Key"
+	HeaderLastEventID         = "Last-Event-ID"
+	HeaderRetryAfter          = "Retry-After"
+	HeaderAllow               = "Allow"
+	SignaturePrefixV1         = "v1="
+	SignaturePrefixLegacy     = "sha256="
+	SignatureMessagePrefix    = "rebuno-request-v1"
+	// OccurrenceMessagePrefix starts the message an occurrence signature covers.
+	OccurrenceMessagePrefix = "rebuno-occurrence-v1"
 )
 
 // Limits (Appendix A).

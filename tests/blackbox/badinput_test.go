@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rebuno/rebuno/internal/auth"
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
@@ -593,6 +594,7 @@ func TestBadInputSubmit(t *testing.T) {
 		}
 		if c.occurrence != "" {
 			req.Header.Set("Rebuno-Step-Occurrence", c.occurrence)
+			req.Header.Set("Rebuno-Occurrence-Signature", auth.SignOccurrence([]byte(a.Secret), req.Header.Get("Rebuno-Signature"), c.occurrence))
 		}
 		r := hsSend(t, k, req)
 		env := hsWantErr(t, r, 400, "validation_error")

@@ -53,7 +53,11 @@ func cxCall(a cxAgentRef, method, path, body string, l kt.Lease) (int, []byte, e
 		attempt = strconv.FormatInt(l.Attempt, 10)
 		req.Header.Set("Rebuno-Dispatch-Attempt", attempt)
 	}
-	req.Header.Set("Rebuno-Signature", auth.SignV1([]byte(a.secret), method, req.URL.RequestURI(), ts, l.DispatchID, attempt, []byte(body)))
+	sig := auth.SignV1([]byte(a.secret), method, req.URL.RequestURI(), ts, l.DispatchID, attempt, []byte(body))
+	req.Header.Set("Rebuno-Signature", sig)
+	if occ := req.Header.Get("Rebuno-Step-Occurrence"); occ != "" {
+		req.Header.Set("Rebuno-Occurrence-Signature", auth.SignOccurrence([]byte(a.secret), sig, occ))
+	}
 	resp, err := cxAgentClient.Do(req)
 	if err != nil {
 		return 0, nil, err

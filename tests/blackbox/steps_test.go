@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -1064,5 +1065,42 @@ func TestDeadline(t *testing.T) {
 	plain := k2.CreateExecution("plain", `null`)
 	if _, has := k2.Execution(plain)["deadline_at"]; has {
 		t.Fatalf("deadline_at without --deadline-timeout")
+	}
+}
+
+// TestReplayedSubmitCannotChangeItsOccurrence: the occurrence header is bound
+// to its request by its own signature. A captured submit replayed with
+// another occurrence (the attack that used to start a step no agent runs),
+// or with the binding stripped, is 401 and records nothing; the untouched
+// replay is harmless (it names the same step).
+func TestReplayedSubmitCannotChangeItsOccurrence(t *testing.T) {
+	e := cxStart(t, kt.Options{}, "")
+	body := []byte(`{"kind":"tool_call","target":"transfer","args":{"cents":100}}`)
+	path := "/v0/executions/" + e.id + "/steps"
+	captured := e.a.SignedRequest("POST", path, body, cxWithOccurrence(e.lease, 0), nil)
+	replay := func(mutate func(h http.Header)) *kt.Response {
+		req, _ := http.NewRequest("POST", e.k.URL+path, bytes.NewReader(body))
+		req.Header = captured.Header.Clone()
+		mutate(req.Header)
+		return hsSend(t, e.k, req)
+	}
+	first := replay(func(http.Header) {})
+	e.k.Must(200, first)
+	before := hsSnapshot(t, e.k, e.id)
+	for name, mutate := range map[string]func(h http.Header){
+		"another occurrence":          func(h http.Header) { h.Set("Rebuno-Step-Occurrence", "1") },
+		"another occurrence, unbound": func(h http.Header) { h.Set("Rebuno-Step-Occurrence", "1"); h.Del("Rebuno-Occurrence-Signature") },
+		"binding stripped":            func(h http.Header) { h.Del("Rebuno-Occurrence-Signature") },
+	} {
+		hsWantUnauthorized(t, name, replay(mutate))
+	}
+	hsUnchanged(t, e.k, e.id, before, "replayed submits with another occurrence")
+	// The unchanged replay names the step it named before.
+	again := replay(func(http.Header) {})
+	var d1, d2 kt.Decision
+	json.Unmarshal(first.Body, &d1)
+	json.Unmarshal(e.k.Must(200, again).Body, &d2)
+	if d2.StepID != d1.StepID {
+		t.Fatalf("the unchanged replay named step %s, the original %s", d2.StepID, d1.StepID)
 	}
 }

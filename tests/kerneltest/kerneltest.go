@@ -495,8 +495,11 @@ func (a *Agent) SignedRequest(method, path string, body []byte, lease Lease, ext
 	for n, v := range extra {
 		req.Header.Set(n, v)
 	}
-	req.Header.Set("Rebuno-Signature", auth.SignV1([]byte(a.Secret), method, req.URL.RequestURI(), ts,
-		req.Header.Get("Rebuno-Dispatch-Id"), attempt, body))
+	sig := auth.SignV1([]byte(a.Secret), method, req.URL.RequestURI(), ts, req.Header.Get("Rebuno-Dispatch-Id"), attempt, body)
+	req.Header.Set("Rebuno-Signature", sig)
+	if occ := req.Header.Get("Rebuno-Step-Occurrence"); occ != "" && req.Header.Get("Rebuno-Occurrence-Signature") == "" {
+		req.Header.Set("Rebuno-Occurrence-Signature", auth.SignOccurrence([]byte(a.Secret), sig, occ))
+	}
 	return req
 }
 

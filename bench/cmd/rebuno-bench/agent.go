@@ -109,10 +109,13 @@ func (c *client) signed(method, path string, body []byte, l lease, occurrence in
 	h.Set("Rebuno-Timestamp", ts)
 	h.Set("Rebuno-Dispatch-Id", l.DispatchID)
 	h.Set("Rebuno-Dispatch-Attempt", attempt)
+	sig := auth.SignV1(c.secret, method, req.URL.RequestURI(), ts, l.DispatchID, attempt, body)
+	h.Set("Rebuno-Signature", sig)
 	if occurrence >= 0 {
-		h.Set("Rebuno-Step-Occurrence", strconv.FormatInt(occurrence, 10))
+		occ := strconv.FormatInt(occurrence, 10)
+		h.Set("Rebuno-Step-Occurrence", occ)
+		h.Set("Rebuno-Occurrence-Signature", auth.SignOccurrence(c.secret, sig, occ))
 	}
-	h.Set("Rebuno-Signature", auth.SignV1(c.secret, method, req.URL.RequestURI(), ts, l.DispatchID, attempt, body))
 	return c.send(req, want)
 }
 

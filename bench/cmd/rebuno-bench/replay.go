@@ -90,7 +90,8 @@ func (b *bench) runP4(ctx context.Context) *metricResult {
 	m.addValue("short histories recorded in", time.Since(buildStart).Seconds(), "s")
 
 	// The long history is inserted through the store while the kernel is
-	// stopped, then the kernel is restarted and redelivers its dispatch.
+	// stopped, with its dispatch in flight at attempt 2 and that attempt's
+	// counter at the last occurrence, as if the agent had replayed them all.
 	k.Stop()
 	insStart := time.Now()
 	large, err := insertHistory(k.db, b.agentID, b.cfg.P4Large, argsHash)
@@ -105,19 +106,12 @@ func (b *bench) runP4(ctx context.Context) *metricResult {
 		return m
 	}
 	c.SetBase(k.URL)
-	wh, err := b.recv.wait(ctx, large.id, 60*time.Second)
-	if err != nil {
-		m.Failed = "the inserted execution was not redelivered: " + err.Error()
-		return m
-	}
-	if wh.Attempt != 2 {
-		m.note("the inserted dispatch was redelivered as attempt %d (expected 2)", wh.Attempt)
-	}
-	large.lease = wh.lease()
 	hs = append(hs, large)
 
-	// Replay every history's last occurrence once, so that each dispatch's
-	// counter is at its maximum and no replay in the window writes.
+	// Replay every history's last occurrence once. Each dispatch's counter
+	// is at its maximum already (the short histories were recorded by their
+	// dispatch), so a named occurrence up to it is accepted and no replay in
+	// the window writes.
 	replay := func(h *history, occ int) error {
 		d, err := c.submit(h.id, h.lease, body, int64(occ))
 		if err != nil {
@@ -183,15 +177,15 @@ func (b *bench) runP4(ctx context.Context) *metricResult {
 		m.addTarget("p50 100k / 10", "≤ 1.5×", "no samples", false)
 	}
 	m.note("each replay sends Rebuno-Step-Occurrence (a random recorded occurrence) and is verified: decision replay, the step id of §11.3, the recorded result")
-	m.note("the long history (steps + their events) was written with internal/store/sqlite while the kernel was stopped, as a lease-expired dispatch; the kernel redelivered it on restart")
+	m.note("the long history (steps + their events) was written with internal/store/sqlite while the kernel was stopped, with its dispatch in flight at attempt 2 and that attempt's occurrence counter at the last step")
 	return m
 }
 
 // insertHistory writes an execution with n succeeded steps of the replay
 // identity directly through the store: the execution, its dispatch (recorded
-// by attempt 1, whose lease expired: pending again, so the kernel redelivers
-// it as attempt 2 at startup), the steps and the events the kernel would have
-// appended for them.
+// by attempt 1, whose lease expired, then claimed again as attempt 2, which
+// holds a lease of an hour and has counted every occurrence), the steps and
+// the events the kernel would have appended for them.
 func insertHistory(path, agentID string, n int, argsHash string) (*history, error) {
 	st, err := sqlite.Open(sqlite.Options{Path: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -278,8 +272,18 @@ func insertHistory(path, agentID string, n int, argsHash string) (*history, erro
 	}
 	evs = evs[:0]
 	emit(wire.EventDispatchLeaseExpired, dispatchEvent(wire.DispatchPending, 1))
+	emit(wire.EventDispatchAcked, dispatchEvent("acked", 2))
+	d.Status, d.Attempt = wire.DispatchInFlight, 2
+	d.LeaseExpiresAt = now.Add(time.Hour)
+	h.lease = lease{DispatchID: dispatchID, Attempt: 2}
 	err = st.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {
 		if err := tx.AppendEvents(ctx, evs); err != nil {
+			return err
+		}
+		if err := tx.UpdateDispatch(ctx, d); err != nil {
+			return err
+		}
+		if err := tx.RaiseCounter(ctx, h.id, dispatchID, replayKind, replayTarget, argsHash, int64(n-1)); err != nil {
 			return err
 		}
 		return tx.UpdateExecution(ctx, e)
