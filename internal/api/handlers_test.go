@@ -568,3 +568,20 @@ func TestTestClockRoute(t *testing.T) {
 	withAuth := newEnv(t, withToken, func(o *Options) { o.ManualClock = mc })
 	errorOf(t, withAuth.do(req{method: "POST", target: "/v0/test/clock", body: `{"advance":"1s"}`}), 401, wire.CodeUnauthorized)
 }
+
+// Credentials in a webhook URL are stored (deliveries need them) but never
+// shown back.
+func TestAgentWebhookCredentialsRedacted(t *testing.T) {
+	v := newEnv(t)
+	rec := v.do(req{method: "POST", target: "/v0/agents", body: `{"id":"cred","webhook_url":"https://bot:s3cret-pw@hooks.example.com/in","secret":"` + secret + `"}`})
+	for _, body := range []string{rec.Body.String(), v.do(req{method: "GET", target: "/v0/agents/cred"}).Body.String(),
+		v.do(req{method: "GET", target: "/v0/agents"}).Body.String()} {
+		if strings.Contains(body, "s3cret-pw") || !strings.Contains(body, `"webhook_url":"https://bot:xxxxx@hooks.example.com/in"`) {
+			t.Fatalf("agent answer shows the URL's credentials: %s", body)
+		}
+	}
+	a, err := v.k.GetAgent(v.ctx, "cred")
+	if err != nil || a.WebhookURL != "https://bot:s3cret-pw@hooks.example.com/in" {
+		t.Fatalf("stored URL = %q (%v): deliveries need the credentials", a.WebhookURL, err)
+	}
+}

@@ -86,7 +86,7 @@ func renderEvent(ev *store.Event) *jsonx.Object {
 func renderAgent(a *store.Agent) *jsonx.Object {
 	o := (&jsonx.Object{}).
 		String("id", a.ID).
-		String("webhook_url", a.WebhookURL).
+		String("webhook_url", wire.RedactURL(a.WebhookURL)).
 		String("policy_bundle", a.PolicyBundle).
 		String("registered_at", wire.FormatTime(a.RegisteredAt)).
 		String("updated_at", wire.FormatTime(a.UpdatedAt))

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rebuno/rebuno/internal/config"
+	"github.com/rebuno/rebuno/internal/wire"
 )
 
 // EnvAgentSecret is read by `agent add` when --secret is not given.
@@ -272,7 +273,7 @@ func (a *App) addAgents(cmd *cobra.Command, specs []config.ManifestAgent) error 
 			}
 			writeJSONLine(a.Out(), raw)
 		case a.tty:
-			a.printf("%s Registered agent %s → %s %s\n", a.styles.paint(a.styles.ok, "✔"), a.styles.paint(a.styles.bold, s.ID), s.WebhookURL,
+			a.printf("%s Registered agent %s → %s %s\n", a.styles.paint(a.styles.ok, "✔"), a.styles.paint(a.styles.bold, s.ID), wire.RedactURL(s.WebhookURL),
 				a.styles.paint(a.styles.dim, "(policy "+policy+")"))
 		default:
 			a.printf("registered %s (policy %s)\n", s.ID, policy)

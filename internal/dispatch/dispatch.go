@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -233,7 +234,7 @@ func (d *Dispatcher) post(ctx context.Context, del *kernel.Delivery) kernel.Deli
 	body := Body(del)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, del.WebhookURL, bytes.NewReader(body))
 	if err != nil {
-		return kernel.DeliveryOutcome{Error: "bad webhook url: " + err.Error()}
+		return kernel.DeliveryOutcome{Error: "bad webhook url"}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "rebuno-kernel/"+d.version)
@@ -244,7 +245,13 @@ func (d *Dispatcher) post(ctx context.Context, del *kernel.Delivery) kernel.Deli
 	req.Header.Set(wire.HeaderDispatchAttempt, strconv.FormatInt(del.Attempt, 10))
 	resp, err := d.client.Do(req)
 	if err != nil {
+		// The client's error names the URL, which may carry credentials;
+		// the event only needs what went wrong.
 		msg := err.Error()
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			msg = ue.Err.Error()
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			msg = "timeout after " + d.timeout.String()
 		}

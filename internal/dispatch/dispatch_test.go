@@ -610,3 +610,19 @@ func TestNoSpinWhileFull(t *testing.T) {
 		t.Fatalf("the loop ran %d rounds in 300 ms while full: it spins", n)
 	}
 }
+
+// A webhook URL may carry credentials; a failed delivery's event says what
+// went wrong without them.
+func TestDeliveryErrorsHideURLCredentials(t *testing.T) {
+	v := newEnv(t)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	srv.Close()
+	e := v.create("a1", "http://alice:pa55word@"+addr+"/hook?key=1")
+	d := New(v.k, Limits{Total: 1, PerAgent: 1}, time.Second, "test", quiet)
+	d.claimDue(v.ctx)
+	ev := v.waitEvent(e.ID, wire.EventDispatchFailed)
+	if msg := payload(t, ev).Get("error").Str; msg == "" || strings.Contains(msg, "pa55word") || strings.Contains(msg, "alice") {
+		t.Fatalf("delivery error %q", msg)
+	}
+}

@@ -136,16 +136,22 @@ func (r *REPL) Run() error {
 	if r.opt.Plain {
 		return r.runPlain()
 	}
+	hist, recall, err := openHistory(r.opt.HistoryFile)
+	if err != nil {
+		// History is a convenience: say why there is none and go on.
+		fmt.Fprintf(r.opt.Err, "no history: %v\n", err)
+	}
+	defer hist.close()
 	rl, err := readline.NewEx(&readline.Config{
-		Prompt:            Prompt,
-		HistoryFile:       r.opt.HistoryFile,
-		HistorySearchFold: true,
-		AutoComplete:      r.comp,
-		InterruptPrompt:   "^C",
-		EOFPrompt:         "quit",
-		Stdin:             r.opt.In,
-		Stdout:            r.opt.Out,
-		Stderr:            r.opt.Err,
+		Prompt:                 Prompt,
+		HistorySearchFold:      true,
+		DisableAutoSaveHistory: true,
+		AutoComplete:           r.comp,
+		InterruptPrompt:        "^C",
+		EOFPrompt:              "quit",
+		Stdin:                  r.opt.In,
+		Stdout:                 r.opt.Out,
+		Stderr:                 r.opt.Err,
 	})
 	if err != nil {
 		// No line editing here (no terminal, say): read plain lines.
@@ -160,6 +166,9 @@ func (r *REPL) Run() error {
 	r.rl = rl
 	r.mu.Unlock()
 	defer r.Close()
+	for _, line := range recall {
+		rl.SaveHistory(line)
+	}
 	for {
 		line, err := rl.Readline()
 		switch {
@@ -170,6 +179,9 @@ func (r *REPL) Run() error {
 			continue
 		case err != nil: // io.EOF: Ctrl-D, or Close
 			return nil
+		}
+		if hist.add(line) {
+			rl.SaveHistory(strings.TrimSpace(line))
 		}
 		if r.Exec(line) {
 			return nil

@@ -3,8 +3,11 @@ package repl
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -108,5 +111,58 @@ func TestExecLines(t *testing.T) {
 	}
 	if !r.Exec("quit") || !r.Exec("  exit ") {
 		t.Fatal("quit/exit did not quit")
+	}
+}
+
+// TestHistoryKeepsSecretsOut types a secret through the REPL's line editor:
+// the history file is the user's alone, holds the other lines, and never the
+// secret, and a history file left world-readable (by an older version) is
+// tightened and purged of secret lines when the REPL opens it.
+func TestHistoryKeepsSecretsOut(t *testing.T) {
+	srv := fakeKernel(t)
+	path := filepath.Join(t.TempDir(), HistoryName)
+	old := "agent ls\nagent add --id x --webhook-url http://h/ --secret=leaked-long-ago\n"
+	if err := os.WriteFile(path, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := io.NopCloser(strings.NewReader("agent add --id y --webhook-url http://h/ --secret typed-just-now\n" +
+		"exec ls --token tok-123\nagent ls --json\nquit\n"))
+	r := New(Options{URL: srv.URL, In: in, Out: &bytes.Buffer{}, Err: &bytes.Buffer{}, HistoryFile: path})
+	if err := r.Run(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("history file mode %v, want 0600", st.Mode().Perm())
+	}
+	b, _ := os.ReadFile(path)
+	got := string(b)
+	for _, secret := range []string{"leaked-long-ago", "typed-just-now", "tok-123"} {
+		if strings.Contains(got, secret) {
+			t.Fatalf("history holds the secret %q:\n%s", secret, got)
+		}
+	}
+	if want := "agent ls\nagent ls --json\nquit\n"; got != want {
+		t.Fatalf("history = %q, want %q", got, want)
+	}
+}
+
+func TestCarriesSecret(t *testing.T) {
+	for line, want := range map[string]bool{
+		"agent add --id a --webhook-url u --secret s": true,
+		"agent add --secret=s":                        true,
+		"exec ls --token t":                           true,
+		"exec ls --bearer-token=t":                    true,
+		"curl -H 'Authorization: Bearer t'":           true,
+		"exec get abc":                                false,
+		"agent add manifest.yaml":                     false,
+		"exec create coder '{\"secretary\":1}'":       false,
+	} {
+		if got := carriesSecret(line); got != want {
+			t.Errorf("carriesSecret(%q) = %v, want %v", line, got, want)
+		}
 	}
 }

@@ -88,3 +88,17 @@ func TestStatusPredicates(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://hooks.example.com/a?b=c":          "https://hooks.example.com/a?b=c",
+		"https://alice:s3cret@hooks.example.com/a": "https://alice:xxxxx@hooks.example.com/a",
+		"https://tok_123@hooks.example.com/":       "https://xxxxx@hooks.example.com/",
+		"http://u:@h/":                             "http://u:xxxxx@h/",
+		"%zz":                                      "%zz",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -103,6 +103,7 @@ type Store struct {
 	dataVersion int64
 
 	notifier store.LocalNotifier
+	lock     *fileLock
 }
 
 type job struct {
@@ -149,9 +150,20 @@ func Open(opt Options) (*Store, error) {
 		s.removeTemp()
 		return nil, err
 	}
+	lock, err := acquire(path)
+	if err != nil {
+		s.removeTemp()
+		return nil, err
+	}
+	s.lock = lock
+	opened := false
+	defer func() {
+		if !opened {
+			lock.release()
+		}
+	}()
 	s.path = path
 	base := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(0)"
-	var err error
 	// Savepoint journals stay in memory (they never need to survive a crash:
 	// the WAL does), and a larger page cache saves re-reading hot pages.
 	// The writer never checkpoints below walSafetyPages; the checkpointer
@@ -200,6 +212,7 @@ func Open(opt Options) (*Store, error) {
 		return nil, fmt.Errorf("open write connection: %w", err)
 	}
 	go s.writer(conn)
+	opened = true
 	return s, nil
 }
 
@@ -546,6 +559,7 @@ func (s *Store) Close() error {
 		}
 		s.readQ.Q.(*stmtCache).close()
 		err = errors.Join(s.read.Close(), s.write.Close())
+		s.lock.release()
 		s.removeTemp()
 	})
 	return err

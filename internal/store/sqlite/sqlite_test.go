@@ -610,3 +610,27 @@ func TestLargeCommitCheckpointsAtOnce(t *testing.T) {
 		t.Fatal("no checkpoint ran after the large commit")
 	}
 }
+
+// One store per database file: a second Open is refused at once, naming the
+// file and the holder's pid, and succeeds once the first is closed.
+func TestOneStorePerFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rebuno.db")
+	s := openAt(t, path, nil)
+	_, err := Open(Options{Path: path, Logger: quietLogger()})
+	if !errors.Is(err, ErrInUse) {
+		t.Fatalf("second Open: %v, want ErrInUse", err)
+	}
+	for _, want := range []string{path, fmt.Sprintf("process %d", os.Getpid()), "--db"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(Options{Path: path, Logger: quietLogger()})
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	s2.Close()
+}
