@@ -5,8 +5,10 @@
 // Capacity is shared fairly: at most Limits.Total deliveries run at once and
 // at most Limits.PerAgent of them for any one agent, so an agent whose webhook
 // hangs, crawls or fails can fill its own share and never another agent's.
-// When due work waits only for capacity, the dispatcher sleeps until a
-// delivery ends or new work falls due; it never spins.
+// And however many agents misbehave, an agent with no delivery in flight may
+// always start one, beyond the total if need be: a newcomer is never queued
+// behind the others. When due work waits only for capacity, the dispatcher
+// sleeps until a delivery ends or new work falls due; it never spins.
 package dispatch
 
 import (
@@ -103,28 +105,33 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}
 }
 
-// capacity is how many deliveries may start now and which agents are at
-// their share.
-func (d *Dispatcher) capacity() (free int, full []string) {
+// newcomerBatch bounds how many agents with nothing in flight a full
+// dispatcher takes work from in one round.
+const newcomerBatch = 16
+
+// capacity is how many deliveries may start now and which agents may not
+// start one: those at their share, or, when the total is reached, every agent
+// with a delivery in flight.
+func (d *Dispatcher) capacity() (free int, skip []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	free = d.limits.Total - len(d.inFlight)
 	for agent, n := range d.byAgent {
-		if n >= d.limits.PerAgent {
-			full = append(full, agent)
+		if n >= d.limits.PerAgent || free <= 0 {
+			skip = append(skip, agent)
 		}
 	}
-	slices.Sort(full)
-	return d.limits.Total - len(d.inFlight), full
+	slices.Sort(skip)
+	if free <= 0 {
+		free = newcomerBatch
+	}
+	return free, skip
 }
 
-// nextClaimable is when the next dispatch this process could take falls due:
-// zero (wait for a delivery to end, or the poll) when all capacity is in use.
+// nextClaimable is when the next dispatch this process could take falls due.
 func (d *Dispatcher) nextClaimable(ctx context.Context) time.Time {
-	free, full := d.capacity()
-	if free <= 0 {
-		return time.Time{}
-	}
-	next, err := d.k.NextDue(ctx, full)
+	_, skip := d.capacity()
+	next, err := d.k.NextDue(ctx, skip)
 	if err != nil && ctx.Err() == nil {
 		d.workerError(err)
 	}
@@ -135,11 +142,8 @@ func (d *Dispatcher) nextClaimable(ctx context.Context) time.Time {
 // delivery. It reports how many it claimed and whether a claim found its
 // execution locked.
 func (d *Dispatcher) claimDue(ctx context.Context) (claimed int, locked bool) {
-	free, full := d.capacity()
-	if free <= 0 {
-		return 0, false
-	}
-	refs, err := d.k.DueDispatches(ctx, free, full)
+	free, skip := d.capacity()
+	refs, err := d.k.DueDispatches(ctx, free, skip)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.workerError(err)
@@ -181,11 +185,12 @@ func (d *Dispatcher) claimDue(ctx context.Context) (claimed int, locked bool) {
 }
 
 // reserve takes a delivery slot for ref, within the total and its agent's
-// share.
+// share; past the total, only an agent with nothing in flight gets one.
 func (d *Dispatcher) reserve(ref store.DispatchRef) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.inFlight[ref.ID] || len(d.inFlight) >= d.limits.Total || d.byAgent[ref.AgentID] >= d.limits.PerAgent {
+	n := d.byAgent[ref.AgentID]
+	if d.inFlight[ref.ID] || n >= d.limits.PerAgent || (len(d.inFlight) >= d.limits.Total && n > 0) {
 		return false
 	}
 	d.inFlight[ref.ID] = true

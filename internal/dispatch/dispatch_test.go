@@ -626,3 +626,43 @@ func TestDeliveryErrorsHideURLCredentials(t *testing.T) {
 		t.Fatalf("delivery error %q", msg)
 	}
 }
+
+// However many agents hold every slot, an agent with nothing in flight gets
+// one delivery at once, beyond the total; a second of its deliveries waits.
+func TestNewcomerBeyondTotal(t *testing.T) {
+	v := newEnv(t)
+	release := make(chan struct{})
+	stuck := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer stuck.Close()
+	defer close(release)
+	var newcomerHits atomic.Int32
+	newcomerRelease := make(chan struct{})
+	newcomer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		newcomerHits.Add(1)
+		<-newcomerRelease
+	}))
+	defer newcomer.Close()
+	defer close(newcomerRelease)
+	for _, id := range []string{"s1", "s2", "s1", "s2"} {
+		v.create(id, stuck.URL)
+	}
+	d := New(v.k, Limits{Total: 2, PerAgent: 1}, 30*time.Second, "test", quiet)
+	ctx, cancel := context.WithCancel(v.ctx)
+	stopped := make(chan struct{})
+	go func() { d.Run(ctx); close(stopped) }()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	waitFor(t, "both slots held", func() bool { return d.busy() == 2 })
+	v.create("newcomer", newcomer.URL)
+	v.create("newcomer", newcomer.URL)
+	waitFor(t, "the newcomer's first delivery", func() bool { return newcomerHits.Load() == 1 })
+	for i := 0; i < 5; i++ { // nudge: nothing more may start
+		v.k.WakeDispatcher()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := newcomerHits.Load(); n != 1 || d.busy() != 3 {
+		t.Fatalf("newcomer deliveries %d, in flight %d; want 1 and 3", n, d.busy())
+	}
+}

@@ -181,6 +181,23 @@ func (k *Kernel) Stderr() string {
 	return k.stderr.String()
 }
 
+// CPUTime is the CPU time (user and system) the kernel process has used,
+// read from /proc.
+func (k *Kernel) CPUTime() time.Duration {
+	k.tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", k.cmd.Process.Pid))
+	if err != nil {
+		k.tb.Fatal(err)
+	}
+	// Fields after the command name, which is parenthesised and may hold
+	// spaces: utime and stime are the 12th and 13th of them, in clock ticks
+	// (100 per second on Linux).
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // Kill ends the process with SIGKILL: no shutdown, no flush.
 func (k *Kernel) Kill() {
 	if k.cmd == nil {
