@@ -147,12 +147,19 @@ type DecideRequest struct {
 	Grant     bool
 	DecidedBy string
 	Rationale string
+	// By is who asks. A scoped key's name is the decider whatever DecidedBy
+	// claims; the bootstrap token carries no identity, so DecidedBy stands.
+	By Principal
 }
 
 // DecideApproval grants or denies a pending approval (§18.3). Concurrent
 // grants, denials, cancels and expiries are serialised by the execution
-// lock: exactly one wins and the others see a non-pending approval.
+// lock: exactly one wins and the others see a non-pending approval. The
+// decision is written to the audit log with the caller and the decider.
 func (k *Kernel) DecideApproval(ctx context.Context, id string, r DecideRequest) error {
+	if r.By.Key {
+		r.DecidedBy = r.By.Name
+	}
 	if len(r.DecidedBy) > wire.MaxShortStringBytes {
 		return validation("decided_by", "decided_by is longer than %d bytes", wire.MaxShortStringBytes)
 	}
@@ -179,6 +186,18 @@ func (k *Kernel) DecideApproval(ctx context.Context, id string, r DecideRequest)
 		}
 		if wire.ExecTerminal(o.e.Status) {
 			return errTerminal()
+		}
+		action := AuditApprovalDenied
+		if r.Grant {
+			action = AuditApprovalGranted
+		}
+		detail := (&jsonx.Object{}).String("execution_id", a.ExecutionID).String("step_id", a.StepID)
+		if r.DecidedBy != "" {
+			detail.String("decided_by", r.DecidedBy)
+		}
+		if err := o.tx.AppendAudit(o.ctx, &store.AuditEntry{At: o.now, Actor: r.By.Actor(), Action: action, Subject: a.ID,
+			Detail: detail.Bytes()}); err != nil {
+			return fmt.Errorf("audit the decision: %w", err)
 		}
 		if r.Grant {
 			err = o.resolve(a, wire.ApprovalGranted, r.DecidedBy, r.Rationale, "")

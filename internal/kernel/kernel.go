@@ -70,6 +70,7 @@ type Kernel struct {
 	wake     chan struct{}
 
 	bundleTexts bundleTexts
+	keys        keyCache
 }
 
 // Options wires a kernel's collaborators.

@@ -21,6 +21,9 @@ var ErrUnavailable = errors.New("store unavailable")
 // execution's lock.
 var ErrLocked = errors.New("execution locked by another transaction")
 
+// ErrExists is returned by an insert whose key is taken.
+var ErrExists = errors.New("already exists")
+
 // Store is a durable backend.
 type Store interface {
 	// Update runs fn in one write transaction. Everything fn writes commits
@@ -147,6 +150,19 @@ type Reader interface {
 	DeadlinesDue(ctx context.Context, now time.Time, limit int) ([]string, error)
 	NextDeadline(ctx context.Context) (time.Time, error)
 	RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error)
+
+	// Access (keys.go).
+	APIKey(ctx context.Context, name string) (*APIKey, error)
+	// APIKeyByHash finds a key by the hash of its token, revoked and expired
+	// keys included.
+	APIKeyByHash(ctx context.Context, hash string) (*APIKey, error)
+	// ListAPIKeys lists every key, revoked ones included, by name.
+	ListAPIKeys(ctx context.Context) ([]*APIKey, error)
+	// AuditLog returns entries with seq > afterSeq, oldest first.
+	AuditLog(ctx context.Context, afterSeq int64, limit int) ([]*AuditEntry, error)
+	Session(ctx context.Context, hash string) (*Session, error)
+	// Setting reads a deployment-wide value; ErrNotFound when unset.
+	Setting(ctx context.Context, name string) (string, error)
 }
 
 // Tx is one write transaction. Methods write exactly what they are given; the
@@ -200,6 +216,18 @@ type Tx interface {
 	// InvalidateCheckpoints closes the open checkpoints of key at seq.
 	InvalidateCheckpoints(ctx context.Context, executionID, key string, seq int64) error
 	DeleteIdempotencyBefore(ctx context.Context, before time.Time) error
+
+	// InsertAPIKey stores a new key; ErrExists when its name is taken.
+	InsertAPIKey(ctx context.Context, k *APIKey) error
+	// UpdateAPIKey writes a key's revocation and last use.
+	UpdateAPIKey(ctx context.Context, k *APIKey) error
+	// AppendAudit adds an entry; the store numbers it.
+	AppendAudit(ctx context.Context, e *AuditEntry) error
+	InsertSession(ctx context.Context, s *Session) error
+	DeleteSession(ctx context.Context, hash string) error
+	DeleteSessionsBefore(ctx context.Context, before time.Time) error
+	// InsertSettingIfAbsent sets a deployment-wide value unless it is set.
+	InsertSettingIfAbsent(ctx context.Context, name, value string) error
 
 	// AfterCommit registers f to run once the transaction is durable. It is
 	// not run when the transaction rolls back.

@@ -264,4 +264,38 @@ UPDATE executions SET writing = (SELECT json_group_array(step_id) FROM steps
  WHERE EXISTS (SELECT 1 FROM steps WHERE steps.execution_id = executions.id AND steps.status = 'executing' AND steps.kind <> 'llm_call');
 DROP INDEX steps_writing;
 `,
+	// Access: scoped API keys (only their hashes), the audit log of what
+	// they did, console sessions, and deployment-wide settings such as the
+	// id that keys carry.
+	`
+CREATE TABLE api_keys (
+  name TEXT PRIMARY KEY,
+  role TEXT NOT NULL,
+  hash TEXT NOT NULL UNIQUE,
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  expires_at INTEGER NOT NULL DEFAULT 0,
+  revoked_at INTEGER NOT NULL DEFAULT 0,
+  last_used_at INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE audit_log (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  at INTEGER NOT NULL,
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  subject TEXT NOT NULL,
+  detail TEXT NOT NULL
+);
+CREATE TABLE sessions (
+  hash TEXT PRIMARY KEY,
+  key_name TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sessions_by_expiry ON sessions (expires_at);
+CREATE TABLE settings (
+  name TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
+`,
 }
