@@ -37,6 +37,8 @@ export const DEFAULT_LEASE_TIMEOUT_SECONDS = 120;
 export const DEFAULT_KERNEL_TIMEOUT_MS = 35_000;
 /** The largest webhook body read; the kernel's are about 200 bytes. */
 export const MAX_WEBHOOK_BODY = 64 * 1024;
+/** How much of a refused body is read and dropped before the connection is closed. */
+const DISCARD_MAX = 1024 * 1024;
 
 const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 
@@ -431,15 +433,21 @@ export class Agent {
 /**
  * Read a request body of at most MAX_WEBHOOK_BODY bytes. A larger body is
  * answered `413` before it is read whole (a too large `Content-Length`
- * before anything is read), and the connection is closed.
+ * before anything is read). The rest is discarded, not kept, so that the
+ * client can read the answer; past DISCARD_MAX the connection is dropped.
  */
 function readBounded(req: http.IncomingMessage, res: http.ServerResponse): Promise<Buffer | undefined> {
   return new Promise((resolve, reject) => {
     const refuse = (): void => {
       req.removeAllListeners("data");
-      req.pause();
-      res.on("finish", () => req.socket.destroy());
-      json(res, 413, { code: "payload_too_large", message: "payload too large" }, { Connection: "close" });
+      res.on("finish", () => {
+        let discarded = 0;
+        req.on("data", (chunk: Buffer) => {
+          discarded += chunk.length;
+          if (discarded > DISCARD_MAX) req.socket.destroy();
+        });
+      });
+      json(res, 413, { code: "payload_too_large", message: "payload too large" });
       resolve(undefined);
     };
     const declared = req.headers["content-length"];

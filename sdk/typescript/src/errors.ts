@@ -242,7 +242,8 @@ function findRefusal(err: unknown, seen: Set<unknown>, depth: number): Refusal |
   const e = err as Record<string, unknown>;
   // Provider errors: the AI SDK's APICallError (`responseBody`, `data`,
   // `responseHeaders`), the openai client's APIError (`error`, `headers`).
-  let found = fromPayload(e.data) ?? fromPayload(e.error) ?? fromPayload(e.responseBody) ?? fromPayload(e.body);
+  // The raw body first: parsed copies may have dropped fields such as rule_id.
+  let found = fromPayload(e.responseBody) ?? fromPayload(e.body) ?? fromPayload(e.error) ?? fromPayload(e.data);
   if (!found) {
     const header = headerValue(e.responseHeaders, "rebuno-refusal") ?? headerValue(e.headers, "rebuno-refusal");
     if (header) found = { code: header };
