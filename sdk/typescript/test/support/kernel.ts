@@ -7,6 +7,7 @@
 
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -114,7 +115,8 @@ export class AgentProcess {
 
   constructor(script: string, env: Record<string, string>, args: string[] = []) {
     const tsx = path.join(REPO, "sdk/typescript/node_modules/.bin/tsx");
-    this.proc = spawn(tsx, [script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    // Its own process group: tsx runs the script in a child process, and a kill must reach both.
+    this.proc = spawn(tsx, [script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
     this.ready = new Promise((resolve, reject) => {
       let buffered = "";
       const onData = (c: Buffer): void => {
@@ -144,15 +146,15 @@ export class AgentProcess {
   async kill(): Promise<void> {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
     const exited = new Promise((r) => this.proc.once("exit", r));
-    this.proc.kill("SIGKILL");
+    process.kill(-this.proc.pid!, "SIGKILL");
     await exited;
   }
 
   async stop(): Promise<void> {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
     const exited = new Promise((r) => this.proc.once("exit", r));
-    this.proc.kill("SIGTERM");
-    const timer = setTimeout(() => this.proc.kill("SIGKILL"), 10_000);
+    process.kill(-this.proc.pid!, "SIGTERM");
+    const timer = setTimeout(() => process.kill(-this.proc.pid!, "SIGKILL"), 10_000);
     await exited;
     clearTimeout(timer);
   }
@@ -165,4 +167,13 @@ export function markers(file: string): string[] {
   } catch {
     return [];
   }
+}
+
+/** Whether something accepts connections on a loopback port. */
+export function listening(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, "127.0.0.1");
+    socket.once("connect", () => (socket.destroy(), resolve(true)));
+    socket.once("error", () => resolve(false));
+  });
 }
