@@ -34,7 +34,7 @@ export const log: Logger = {
   error: (m, e) => current.error(m, e),
 };
 
-/** Route the SDK's log lines to `logger`. */
-export function setLogger(logger: Logger): void {
-  current = logger;
+/** Route the SDK's log lines to `logger`; without one, back to the console. */
+export function setLogger(logger?: Logger): void {
+  current = logger ?? consoleLogger();
 }
