@@ -80,14 +80,17 @@ test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 
 ## bench: the load generator of bench/ over real HTTP (PROTOCOL §29), then the Python SDK's
 ## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback), then
-## the capture overhead per step with LocalDirectory on a 1,000-file workspace.
-bench: build $(SDK_VENV)/.installed
+## the capture overhead per step with LocalDirectory on a 1,000-file workspace, then the TypeScript
+## row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential and 200 at
+## once, steps/s) and the TypeScript SDK's own cost per step.
+bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK,CEIL
 	$(GO) test -bench 'Evaluate200Rules' -run '^$$' ./internal/policy
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
+	cd $(SDK_TS) && npx tsx bench/run.ts --kernel $(CURDIR)/$(BIN)/rebuno --python $(CURDIR)/$(SDK_VENV)/bin/python
 
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
