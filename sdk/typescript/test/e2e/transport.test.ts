@@ -1,7 +1,7 @@
 /**
- * Transport failures: the kernel restarts while a tool body runs. The step's
- * complete is retried with backoff until the kernel is back, and the
- * execution finishes with the body run once.
+ * The lease and the transport: heartbeats keep a body longer than the lease
+ * alive, and a kernel restart while a tool body runs is ridden out (the
+ * step's complete is retried with backoff until the kernel is back).
  */
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -56,6 +56,30 @@ describe("a kernel restart", () => {
     } finally {
       setLogger();
       await served.close();
+    }
+  });
+});
+
+describe("heartbeats", () => {
+  it("keep the lease of a body that runs longer than it", async () => {
+    const short = await new Kernel(["--dispatch-timeout", "1s"], false).start();
+    let attempts = 0;
+    const served = await serveAgent(short, "beating", async () => {
+      attempts++;
+      // Three times the lease: without heartbeats the kernel would reclaim it and redeliver.
+      return step("long", () => new Promise((r) => setTimeout(() => r("done"), 3_000)));
+    }, { leaseTimeoutSeconds: 2 });
+    try {
+      const client = short.client();
+      const ex = await client.create("beating", null);
+      const done = await client.wait(ex.id, { timeout: 30_000 });
+      expect(done.status, done.failureReason).toBe("completed");
+      expect(attempts).toBe(1);
+      const events = await client.allEvents(ex.id);
+      expect(events.filter((e) => e.type === "dispatch.lease_expired")).toEqual([]);
+    } finally {
+      await served.close();
+      await short.destroy();
     }
   });
 });

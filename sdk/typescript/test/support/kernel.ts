@@ -106,17 +106,21 @@ export class Kernel {
   }
 }
 
-/** A child process running a TypeScript agent script (through tsx) that can be killed with SIGKILL. */
+/**
+ * A child process running an agent script, that can be killed with SIGKILL:
+ * a TypeScript one with node and tsx's loader (one process), or any other
+ * with the `interpreter` given.
+ */
 export class AgentProcess {
   readonly output: string[] = [];
   port: number | undefined;
   private readonly proc: ChildProcess;
   private readonly ready: Promise<number>;
 
-  constructor(script: string, env: Record<string, string>, args: string[] = []) {
-    const tsx = path.join(REPO, "sdk/typescript/node_modules/.bin/tsx");
-    // Its own process group: tsx runs the script in a child process, and a kill must reach both.
-    this.proc = spawn(tsx, [script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  constructor(script: string, env: Record<string, string>, args: string[] = [], interpreter?: string) {
+    const tsx = path.join(REPO, "sdk/typescript/node_modules/tsx/dist/loader.mjs");
+    const [cmd, ...pre] = interpreter ? [interpreter] : [process.execPath, "--import", tsx];
+    this.proc = spawn(cmd!, [...pre, script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
     this.ready = new Promise((resolve, reject) => {
       let buffered = "";
       const onData = (c: Buffer): void => {
@@ -136,9 +140,10 @@ export class AgentProcess {
     this.ready.catch(() => undefined);
   }
 
-  /** The webhook URL once the agent listens. */
+  /** The webhook URL once the agent accepts connections (it may print its port before). */
   async webhook(timeout = 60_000): Promise<string> {
     const port = await Promise.race([this.ready, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`agent did not start:\n${this.output.join("")}`)), timeout))]);
+    await eventually(() => listening(port), "the agent to listen", timeout);
     return `http://127.0.0.1:${port}/webhook`;
   }
 
@@ -146,15 +151,15 @@ export class AgentProcess {
   async kill(): Promise<void> {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
     const exited = new Promise((r) => this.proc.once("exit", r));
-    process.kill(-this.proc.pid!, "SIGKILL");
+    this.proc.kill("SIGKILL");
     await exited;
   }
 
   async stop(): Promise<void> {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
     const exited = new Promise((r) => this.proc.once("exit", r));
-    process.kill(-this.proc.pid!, "SIGTERM");
-    const timer = setTimeout(() => process.kill(-this.proc.pid!, "SIGKILL"), 10_000);
+    this.proc.kill("SIGTERM");
+    const timer = setTimeout(() => this.proc.kill("SIGKILL"), 10_000);
     await exited;
     clearTimeout(timer);
   }
