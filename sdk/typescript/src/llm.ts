@@ -222,7 +222,7 @@ async function reportQuietly(ctx: ExecutionContext, stepId: string, error: unkno
  * `inner` (default: the global `fetch` as it was when this module loaded).
  */
 export function createRebunoFetch(inner: Fetch = globalThis.fetch.bind(globalThis)): Fetch {
-  const decided = async (ctx: ExecutionContext, request: Request, body: string, d: Decision): Promise<Response> => {
+  const decided = async (ctx: ExecutionContext, request: Request, body: Uint8Array | undefined, d: Decision): Promise<Response> => {
     switch (d.decision) {
       case "replay":
         if (d.hasError) throw new ToolError("llm_call", errorMessage(d.error), { error: d.error, stepId: d.stepId });
@@ -237,11 +237,11 @@ export function createRebunoFetch(inner: Fetch = globalThis.fetch.bind(globalThi
     return refusalResponse(d.decision);
   };
 
-  const live = async (ctx: ExecutionContext, request: Request, body: string, stepId: string): Promise<Response> => {
+  const live = async (ctx: ExecutionContext, request: Request, body: Uint8Array | undefined, stepId: string): Promise<Response> => {
     let upstream: Response;
     try {
       const signal = request.signal ? AbortSignal.any([request.signal, ctx.abortSignal]) : ctx.abortSignal;
-      upstream = await inner(request.url, { method: request.method, headers: request.headers, body: body === "" ? null : body, signal });
+      upstream = await inner(request.url, { method: request.method, headers: request.headers, body: body ?? null, signal });
     } catch (e) {
       if (!ctx.stopping) await reportQuietly(ctx, stepId, e);
       throw e;
@@ -269,7 +269,9 @@ export function createRebunoFetch(inner: Fetch = globalThis.fetch.bind(globalThi
   return async function rebunoFetch(input: string | URL | Request, init?: RequestInit): Promise<Response> {
     const ctx = requireContext("rebunoFetch");
     const request = new Request(input, init);
-    const body = request.body ? await request.text() : "";
+    // The bytes go to the provider unchanged; their text is what the step records.
+    const bytes = request.body ? new Uint8Array(await request.arrayBuffer()) : undefined;
+    const body = bytes ? new TextDecoder().decode(bytes) : "";
     const [target, args] = llmStepArgs(request, body);
     let decision: Decision;
     try {
@@ -279,7 +281,7 @@ export function createRebunoFetch(inner: Fetch = globalThis.fetch.bind(globalThi
       if (e instanceof Terminated) return refusalResponse(e.reason === "lease_superseded" ? "lease_superseded" : "execution_terminal");
       throw e;
     }
-    return decided(ctx, request, body, decision);
+    return decided(ctx, request, bytes, decision);
   };
 }
 
