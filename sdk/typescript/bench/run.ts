@@ -5,7 +5,10 @@
  * 1. Throughput: the same agent (N no-op tool steps per execution) on each
  *    SDK, in its own process, against one `rebuno dev` kernel: 200
  *    executions × 10 steps one after the other, then 200 at once, as tool
- *    steps per second end to end (create to completed).
+ *    steps per second end to end (create to completed), the two SDKs in
+ *    alternating rounds.
+ *    Also the agent process's CPU time per step, which is what the SDK
+ *    spends (the kernel's time is not in it).
  * 2. The TypeScript SDK's own cost per step: inside one handler, no-op
  *    `defineTool` steps against raw signed submit + complete pairs through
  *    the same client; the difference of the p50s is the SDK's overhead.
@@ -14,6 +17,7 @@
  */
 
 import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import net from "node:net";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
@@ -29,6 +33,7 @@ const { values: opts } = parseArgs({
     executions: { type: "string", default: "200" },
     steps: { type: "string", default: "10" },
     overhead: { type: "string", default: "500" },
+    rounds: { type: "string", default: "2" },
     json: { type: "boolean", default: false },
   },
 });
@@ -91,17 +96,47 @@ async function throughput(client: Client, agentId: string, count: number, concur
   return (count * STEPS) / ((performance.now() - started) / 1000);
 }
 
-async function sdkThroughput(kernel: Kernel, name: string, command: string[]): Promise<{ sequential: number; concurrent: number }> {
-  const port = await freePort();
-  const agentId = `bench-${name}`;
-  const proc = await startAgent(command, { AGENT_ID: agentId, PORT: String(port), REBUNO_URL: kernel.url, REBUNO_AGENT_SECRET: SECRET });
+/** CPU time a process has used, in milliseconds (user + system, from /proc). */
+function cpuMs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
+}
+const CLOCK_TICKS = 100; // USER_HZ on Linux
+
+interface Row { sequential: number; concurrent: number; cpuPerStepMs: number }
+
+interface Running { name: string; agentId: string; proc: ChildProcess; row: Row; cpu: number }
+
+/**
+ * Both SDKs' agents, measured in alternation (TypeScript, Python,
+ * TypeScript, ...), so that other load on the machine weighs on both alike;
+ * each row keeps its best round.
+ */
+async function compare(kernel: Kernel, agents: [string, string[]][], rounds: number): Promise<Row[]> {
   const client = kernel.client();
+  const running: Running[] = [];
   try {
-    await client.registerAgent(agentId, `http://127.0.0.1:${port}/webhook`, SECRET);
-    await throughput(client, agentId, 10, false); // warm-up
-    return { sequential: await throughput(client, agentId, EXECUTIONS, false), concurrent: await throughput(client, agentId, EXECUTIONS, true) };
+    for (const [name, command] of agents) {
+      const port = await freePort();
+      const agentId = `bench-${name}`;
+      const proc = await startAgent(command, { AGENT_ID: agentId, PORT: String(port), REBUNO_URL: kernel.url, REBUNO_AGENT_SECRET: SECRET });
+      running.push({ name, agentId, proc, row: { sequential: 0, concurrent: 0, cpuPerStepMs: 0 }, cpu: 0 });
+      await client.registerAgent(agentId, `http://127.0.0.1:${port}/webhook`, SECRET);
+      await throughput(client, agentId, 10, false); // warm-up
+    }
+    for (let round = 0; round < rounds; round++) {
+      for (const r of running) {
+        const cpu0 = cpuMs(r.proc.pid!);
+        r.row.sequential = Math.max(r.row.sequential, await throughput(client, r.agentId, EXECUTIONS, false));
+        r.row.concurrent = Math.max(r.row.concurrent, await throughput(client, r.agentId, EXECUTIONS, true));
+        r.cpu += cpuMs(r.proc.pid!) - cpu0;
+      }
+    }
+    // The agent process's own CPU per tool step, over every workload it ran.
+    for (const r of running) r.row.cpuPerStepMs = r.cpu / (rounds * 2 * EXECUTIONS * STEPS);
+    return running.map((r) => r.row);
   } finally {
-    proc.kill("SIGTERM");
+    for (const r of running) r.proc.kill("SIGTERM");
   }
 }
 
@@ -145,18 +180,21 @@ async function overhead(kernel: Kernel, n: number): Promise<Record<string, numbe
 const kernel = await new Kernel(["--log-level", "warn"], false).start();
 try {
   const tsx = fileURLToPath(new URL("../node_modules/tsx/dist/loader.mjs", import.meta.url));
-  const ts = await sdkThroughput(kernel, "ts", [process.execPath, "--import", tsx, here("./noop-agent.ts")]);
-  const py = opts.python ? await sdkThroughput(kernel, "py", [opts.python, here("./noop_agent.py")]) : undefined;
+  const agents: [string, string[]][] = [["ts", [process.execPath, "--import", tsx, here("./noop-agent.ts")]]];
+  if (opts.python) agents.push(["py", [opts.python, here("./noop_agent.py")]]);
+  const [ts, py] = (await compare(kernel, agents, Number(opts.rounds))) as [Row, Row | undefined];
   const cost = await overhead(kernel, Number(opts.overhead));
   if (opts.json) {
     console.log(JSON.stringify({ executions: EXECUTIONS, steps: STEPS, typescript: ts, python: py, overhead: cost }));
   } else {
     const f = (x: number | undefined): string => (x === undefined ? "-" : x.toFixed(0)).padStart(10);
     const r = (a: number, b: number | undefined): string => (b ? `${(a / b).toFixed(2)}×` : "-").padStart(8);
-    console.log(`SDK throughput: ${EXECUTIONS} executions × ${STEPS} no-op tool steps, each agent in its own process (tool steps/s, create to completed)`);
+    console.log(`SDK throughput: ${EXECUTIONS} executions × ${STEPS} no-op tool steps, each agent in its own process (tool steps/s, create to completed; best of ${opts.rounds} alternating rounds)`);
     console.log(`  workload              TypeScript    Python   TS/Py`);
     console.log(`  sequential            ${f(ts.sequential)}${f(py?.sequential)}${r(ts.sequential, py?.sequential)}`);
     console.log(`  ${String(EXECUTIONS).padEnd(3)} concurrent        ${f(ts.concurrent)}${f(py?.concurrent)}${r(ts.concurrent, py?.concurrent)}`);
+    const ms = (x: number | undefined): string => (x === undefined ? "-" : x.toFixed(3)).padStart(10);
+    console.log(`  agent CPU ms/step     ${ms(ts.cpuPerStepMs)}${ms(py?.cpuPerStepMs)}${r(py?.cpuPerStepMs ?? 0, ts.cpuPerStepMs).replace("-", " ")}  (Py/TS)`);
     console.log(`TypeScript SDK overhead, ${cost.steps} no-op tool steps over loopback (submit + complete per step)`);
     console.log(`  defineTool step  p50 ${cost.sdk_p50_ms!.toFixed(3)} ms   p99 ${cost.sdk_p99_ms!.toFixed(3)} ms`);
     console.log(`  raw submit+compl p50 ${cost.raw_p50_ms!.toFixed(3)} ms   p99 ${cost.raw_p99_ms!.toFixed(3)} ms`);
