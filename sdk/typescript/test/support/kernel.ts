@@ -17,6 +17,18 @@ export const REPO = fileURLToPath(new URL("../../../../", import.meta.url));
 
 let built: string | undefined;
 
+// Every child process the tests start, so that none outlives them: a test that
+// times out never reaches its own clean-up.
+const children = new Set<ChildProcess>();
+process.once("exit", () => {
+  for (const child of children) child.kill("SIGKILL");
+});
+function track(child: ChildProcess): ChildProcess {
+  children.add(child);
+  child.once("exit", () => children.delete(child));
+  return child;
+}
+
 export function kernelBinary(): string {
   const env = process.env.REBUNO_BIN;
   if (env) {
@@ -58,7 +70,7 @@ export class Kernel {
     if (this.manualClock) env.REBUNO_TEST_CLOCK = "manual";
     const proc = spawn(kernelBinary(), ["dev", "--db", path.join(this.dir, "rebuno.db"), "--listen-addr", this.url ? this.url.replace("http://", "") : "127.0.0.1:0", "--no-repl", ...this.args],
       { env, stdio: ["ignore", "ignore", "pipe"] });
-    this.proc = proc;
+    this.proc = track(proc);
     this.url = await new Promise<string>((resolve, reject) => {
       let buffered = "";
       const timer = setTimeout(() => reject(new Error(`kernel did not start:\n${this.log.join("")}`)), 30_000);
@@ -120,7 +132,7 @@ export class AgentProcess {
   constructor(script: string, env: Record<string, string>, args: string[] = [], interpreter?: string) {
     const tsx = path.join(REPO, "sdk/typescript/node_modules/tsx/dist/loader.mjs");
     const [cmd, ...pre] = interpreter ? [interpreter] : [process.execPath, "--import", tsx];
-    this.proc = spawn(cmd!, [...pre, script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    this.proc = track(spawn(cmd!, [...pre, script, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] }));
     this.ready = new Promise((resolve, reject) => {
       let buffered = "";
       const onData = (c: Buffer): void => {
