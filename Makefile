@@ -7,7 +7,7 @@ BIN := bin
 PYTHON ?= python3
 COMPAT_VENV := tests/compat/.venv
 
-.PHONY: all build build-test test test-go test-compat test-sdk test-upgrade bench bench-long demo demo-go fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade bench bench-long demo demo-go demo-ts fuzz clean
 
 all: build
 
@@ -19,8 +19,8 @@ build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
 ## test: every test — Go unit, store contract, black-box, the published-client compatibility suite,
-## the Python SDK and the upgrade path from the published client to it.
-test: test-go test-compat test-sdk test-upgrade
+## the Python and TypeScript SDKs and the upgrade path from the published client to the Python SDK.
+test: test-go test-compat test-sdk test-ts test-upgrade
 
 test-go: build build-test demo demo-go
 	$(GO) vet ./...
@@ -48,6 +48,30 @@ test-sdk: build-test $(SDK_VENV)/.installed
 	cd $(SDK_PY) && .venv/bin/mypy
 	cd $(SDK_PY) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test .venv/bin/python -m pytest -q
 
+SDK_TS := sdk/typescript
+EXAMPLES_TS := examples/typescript
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
+
+$(SDK_TS)/node_modules/.installed: $(SDK_TS)/package.json $(SDK_TS)/package-lock.json
+	cd $(SDK_TS) && $(NPM_CI)
+	touch $@
+
+$(SDK_TS)/dist/index.js: $(SDK_TS)/node_modules/.installed $(SDK_TS)/tsconfig.json $(SDK_TS)/tsconfig.build.json $(shell find $(SDK_TS)/src -name '*.ts' 2>/dev/null)
+	cd $(SDK_TS) && npm run --silent build
+
+# The examples use the SDK as a package (a link to sdk/typescript, which must be built first).
+$(EXAMPLES_TS)/node_modules/.installed: $(EXAMPLES_TS)/package.json $(EXAMPLES_TS)/package-lock.json $(SDK_TS)/dist/index.js
+	cd $(EXAMPLES_TS) && $(NPM_CI)
+	touch $@
+
+## test-ts: the TypeScript SDK: tsc --strict over the SDK, its tests and the examples (the verbatim seed
+## files included), then vitest: unit tests, end-to-end tests against the real kernel, the seed agent,
+## checkpoints exchanged with the Python SDK, and the published tarball's contents.
+test-ts: build-test $(SDK_VENV)/.installed $(EXAMPLES_TS)/node_modules/.installed demo-ts
+	cd $(SDK_TS) && npx tsc -p tsconfig.json --noEmit
+	cd $(EXAMPLES_TS) && npx tsc --noEmit
+	cd $(SDK_TS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_PYTHON=$(CURDIR)/$(SDK_VENV)/bin/python npx vitest run
+
 ## test-upgrade: an execution begun by an agent on the published rebuno==0.29.2 is killed and
 ## finished by the same agent on this project's SDK. Needs both venvs: pytest runs in the
 ## compatibility venv and starts each agent with its own venv's python.
@@ -56,14 +80,17 @@ test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 
 ## bench: the load generator of bench/ over real HTTP (PROTOCOL §29), then the Python SDK's
 ## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback), then
-## the capture overhead per step with LocalDirectory on a 1,000-file workspace.
-bench: build $(SDK_VENV)/.installed
+## the capture overhead per step with LocalDirectory on a 1,000-file workspace, then the TypeScript
+## row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential and 200 at
+## once, steps/s) and the TypeScript SDK's own cost per step.
+bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK,CEIL
 	$(GO) test -bench 'Evaluate200Rules' -run '^$$' ./internal/policy
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
+	cd $(SDK_TS) && npx tsx bench/run.ts --kernel $(CURDIR)/$(BIN)/rebuno --python $(CURDIR)/$(SDK_VENV)/bin/python
 
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
@@ -72,6 +99,10 @@ bench-long: build
 ## demo: a kernel, the Python example agent (examples/python/demo), a crash and a replay, in under a minute.
 demo: build $(SDK_VENV)/.installed
 	$(GO) run ./examples/demo -kernel $(BIN)/rebuno -python $(SDK_VENV)/bin/python -script examples/python/demo/agent.py
+
+## demo-ts: the same story with the TypeScript agent (examples/typescript/demo).
+demo-ts: build $(EXAMPLES_TS)/node_modules/.installed
+	$(GO) run ./examples/demo -kernel $(BIN)/rebuno -node node -script examples/typescript/demo/agent.ts
 
 ## demo-go: the same story with the raw-HTTP Go agent (examples/go-agent), no SDK.
 demo-go: build
@@ -85,4 +116,4 @@ fuzz:
 	$(GO) test ./internal/auth -run '^$$' -fuzz FuzzVerify -fuzztime 60s
 
 clean:
-	rm -rf $(BIN) $(COMPAT_VENV)
+	rm -rf $(BIN) $(COMPAT_VENV) $(SDK_TS)/node_modules $(SDK_TS)/dist $(EXAMPLES_TS)/node_modules

@@ -10,6 +10,9 @@
 // forks the execution at an earlier event, shows the fork's workspace holding
 // the earlier content, and lets the fork decide differently (workspace.go).
 //
+// `make demo-ts` (-node, -script) runs the TypeScript agent of
+// examples/typescript/demo, which tells the same story with the TypeScript SDK.
+//
 // `make demo-go` (-agent) runs the raw-HTTP Go agent of examples/go-agent,
 // which has no resources: it tells the crash-and-replay part with web_search,
 // three fetch_page calls and a local summarize step (research.go).
@@ -41,15 +44,22 @@ import (
 
 func main() {
 	kernelBin := flag.String("kernel", "bin/rebuno", "rebuno binary (also used as the command-line client)")
-	agentBin := flag.String("agent", "bin/demo-agent", "the Go example agent's binary (when -python is not given)")
+	agentBin := flag.String("agent", "bin/demo-agent", "the Go example agent's binary (when neither -python nor -node is given)")
 	python := flag.String("python", "", "a Python interpreter with the SDK installed: run the Python agent's story instead")
-	script := flag.String("script", "examples/python/demo/agent.py", "the Python agent's script (with -python); its policy.yaml sits beside it")
+	node := flag.String("node", "", "node, to run the TypeScript agent's story instead (the script's package must have tsx and the SDK installed)")
+	script := flag.String("script", "examples/python/demo/agent.py", "the agent's script (with -python or -node); its policy.yaml sits beside it")
 	flag.Parse()
 	log.SetFlags(0)
 	var err error
-	if *python != "" {
-		err = runWorkspace(*kernelBin, *python, *script)
-	} else {
+	switch {
+	case *python != "":
+		err = runWorkspace(*kernelBin, sdkAgent{language: "Python", runner: []string{*python}, script: *script, toolName: "@tool"})
+	case *node != "":
+		var agent sdkAgent
+		if agent, err = typescriptAgent(*node, *script); err == nil {
+			err = runWorkspace(*kernelBin, agent)
+		}
+	default:
 		err = runResearch(*kernelBin, goAgent(*agentBin))
 	}
 	if err != nil {

@@ -16,7 +16,8 @@ import (
 	"github.com/rebuno/rebuno/internal/cli"
 )
 
-// The story of `make demo`, with the Python agent of examples/python/demo:
+// The story of `make demo`, with the Python agent of examples/python/demo
+// (`make demo-ts`: the TypeScript agent of examples/typescript/demo):
 //
 //  1. The agent "coder" writes app.py, reads it, writes VERSION and improves
 //     app.py, in a workspace resource (the SDK's LocalDirectory driver) that
@@ -43,8 +44,43 @@ const (
 	approver   = "alice"
 )
 
-func pythonAgentCmd(python, script, kernelURL, listen, id, secret, resources string) *exec.Cmd {
-	cmd := exec.Command(python, script, "--kernel", kernelURL, "--listen", listen, "--id", id, "--secret", secret)
+// sdkAgent is the demo agent of one SDK: its language, the program that runs
+// its script (with arguments before the script, and the directory to run
+// in), and the name of the SDK's tool primitive for the narration.
+type sdkAgent struct {
+	language string
+	runner   []string
+	dir      string
+	script   string
+	toolName string
+}
+
+// typescriptAgent runs a TypeScript script with node and tsx's loader, in one
+// process (so that a SIGKILL ends it whole), from the script's package: the
+// nearest directory above it with a node_modules.
+func typescriptAgent(node, script string) (sdkAgent, error) {
+	abs, err := filepath.Abs(script)
+	if err != nil {
+		return sdkAgent{}, err
+	}
+	dir := filepath.Dir(abs)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", "tsx")); err == nil {
+			break
+		}
+		if parent := filepath.Dir(dir); parent != dir {
+			dir = parent
+			continue
+		}
+		return sdkAgent{}, fmt.Errorf("no node_modules/tsx above %s: run npm ci in its package", script)
+	}
+	return sdkAgent{language: "TypeScript", runner: []string{node, "--import", "tsx"}, dir: dir, script: abs, toolName: "defineTool"}, nil
+}
+
+func (a sdkAgent) cmd(kernelURL, listen, id, secret, resources string) *exec.Cmd {
+	args := append(append([]string{}, a.runner[1:]...), a.script, "--kernel", kernelURL, "--listen", listen, "--id", id, "--secret", secret)
+	cmd := exec.Command(a.runner[0], args...)
+	cmd.Dir = a.dir
 	cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1", "REBUNO_LOCAL_RESOURCES="+resources)
 	return cmd
 }
@@ -78,7 +114,7 @@ type forkRun struct {
 	denied     bool
 }
 
-func runWorkspace(kernelBin, python, script string) error {
+func runWorkspace(kernelBin string, sdk sdkAgent) error {
 	start := time.Now()
 	dir, err := os.MkdirTemp("", "rebuno-demo-")
 	if err != nil {
@@ -86,7 +122,7 @@ func runWorkspace(kernelBin, python, script string) error {
 	}
 	defer os.RemoveAll(dir)
 	resources := filepath.Join(dir, "resources")
-	policyFile := filepath.Join(filepath.Dir(script), "policy.yaml")
+	policyFile := filepath.Join(filepath.Dir(sdk.script), "policy.yaml")
 
 	say("The story: an agent edits files in a workspace resource; a write waits for approval; the agent is killed mid-write")
 	say("and recovers; checkpoints are taken all along; then the execution is forked at an earlier event.")
@@ -111,8 +147,8 @@ func runWorkspace(kernelBin, python, script string) error {
 	}
 	defer logFile.Close()
 	agent := &agentProcess{addr: addr, ready: 30 * time.Second, log: logFile,
-		start: func() *exec.Cmd { return pythonAgentCmd(python, script, k.url, addr, "coder", secret, resources) }}
-	say("Starting the Python example agent (%s: a workspace resource, LocalDirectory, @tool)", script)
+		start: func() *exec.Cmd { return sdk.cmd(k.url, addr, "coder", secret, resources) }}
+	say("Starting the %s example agent (%s: a workspace resource, LocalDirectory, %s)", sdk.language, sdk.script, sdk.toolName)
 	if err := agent.run(); err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}

@@ -8,20 +8,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rebuno/rebuno/internal/testvectors"
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// The inputs of the request signature vectors (PROTOCOL §11.4).
-const (
-	testSecret = "test-secret"
-	execPath   = "/v0/executions/018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
-	vecTS      = "1700000000"
-	vecDID     = "01920000-0000-7000-8000-000000000001"
-	vec1Body   = `{"kind":"tool_call","target":"send_email","args":{"to":"ops@example.com"},"idempotency":"safe_to_retry"}`
-	vec1Sig    = "v1=017dff4039ba40e90d3d8d566fdf51db427672f92d45ef41b738672238ea0058"
-	vec1Legacy = "sha256=88b767a9e1e2a49ad76f1b27828c50989de249ba0f6ed5a29fbcceeb23abba99"
-	vec2Sig    = "v1=3c8f9ae9166e84e4b3660904bf829d900757408f63e92526d08941e7b75cd215"
-	vec3Sig    = "v1=50126b8835e31c9fbe34b4170efb611d85a8595d1e0dc74cd5abc4bb13980731"
+// The request signature vectors of docs/protocol/vectors (signatures.json),
+// which the Python and TypeScript SDK tests read too: submit, a GET with a
+// query, and a heartbeat without an attempt, all with the same secret.
+var (
+	sigVectors = testvectors.LoadSignatures().Requests
+	testSecret = sigVectors[0].Secret
+	vecTS      = sigVectors[0].Timestamp
+	vecDID     = sigVectors[0].DID()
+	vec1Body   = sigVectors[0].Body
+	vec1Sig    = sigVectors[0].Signature
+	vec1Legacy = sigVectors[0].LegacySignature
+	vec2Sig    = sigVectors[1].Signature
+	vec3Sig    = sigVectors[2].Signature
+	// execPath is the execution path every vector's target starts with.
+	execPath = strings.TrimSuffix(sigVectors[0].Target, "/steps")
 )
 
 var (
@@ -37,10 +42,18 @@ type fields struct {
 }
 
 var (
-	vec1 = fields{"POST", execPath + "/steps", vecTS, vecDID, "3", []byte(vec1Body)}
-	vec2 = fields{"GET", execPath + "/steps?status=terminal", vecTS, "", "", nil}
-	vec3 = fields{"POST", execPath + "/heartbeat", vecTS, vecDID, "", nil}
+	vec1 = vectorFields(sigVectors[0])
+	vec2 = vectorFields(sigVectors[1])
+	vec3 = vectorFields(sigVectors[2])
 )
+
+func vectorFields(v testvectors.Request) fields {
+	var body []byte
+	if v.Body != "" {
+		body = []byte(v.Body)
+	}
+	return fields{v.Method, v.Target, v.Timestamp, v.DID(), v.Attempt(), body}
+}
 
 func (f fields) message() []byte {
 	return V1Message(f.method, f.target, f.ts, f.did, f.att, f.body)
@@ -72,43 +85,27 @@ func (f fields) signed() Request {
 }
 
 func TestRequestSignatureVectors(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		f       fields
-		wantMsg string
-		wantLen int
-		wantSig string
-	}{
-		{
-			"1 submit", vec1,
-			"rebuno-request-v1\nPOST\n" + execPath + "/steps\n1700000000\n" + vecDID + "\n3\n" + vec1Body,
-			235, vec1Sig,
-		},
-		{
-			"2 get with query", vec2,
-			"rebuno-request-v1\nGET\n" + execPath + "/steps?status=terminal\n1700000000\n\n\n",
-			109, vec2Sig,
-		},
-		{
-			"3 heartbeat", vec3,
-			"rebuno-request-v1\nPOST\n" + execPath + "/heartbeat\n1700000000\n" + vecDID + "\n\n",
-			134, vec3Sig,
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			msg := tc.f.message()
-			if string(msg) != tc.wantMsg {
-				t.Errorf("message = %q\nwant      %q", msg, tc.wantMsg)
+	if len(sigVectors) != 3 || vec1Legacy == "" {
+		t.Fatalf("signatures.json: %d request vectors", len(sigVectors))
+	}
+	for _, v := range sigVectors {
+		t.Run(v.Name, func(t *testing.T) {
+			if v.Secret != testSecret || v.Timestamp != vecTS {
+				t.Fatalf("the vectors share one secret and timestamp")
 			}
-			if len(msg) != tc.wantLen {
-				t.Errorf("message length = %d, want %d", len(msg), tc.wantLen)
+			f := vectorFields(v)
+			msg := f.message()
+			if string(msg) != v.Message {
+				t.Errorf("message = %q\nwant      %q", msg, v.Message)
 			}
-			f := tc.f
-			if got := SignV1(secret, f.method, f.target, f.ts, f.did, f.att, f.body); got != tc.wantSig {
-				t.Errorf("SignV1 = %s, want %s", got, tc.wantSig)
+			if len(msg) != v.MessageLength {
+				t.Errorf("message length = %d, want %d", len(msg), v.MessageLength)
+			}
+			if got := SignV1(secret, f.method, f.target, f.ts, f.did, f.att, f.body); got != v.Signature {
+				t.Errorf("SignV1 = %s, want %s", got, v.Signature)
 			}
 
-			req := f.request(tc.wantSig)
+			req := f.request(v.Signature)
 			for _, off := range []int64{-300, -1, 0, 1, 300} {
 				opt := Options{Now: vecNow.Add(time.Duration(off) * time.Second), RequireV1: true}
 				if err := Verify(req, secret, opt); err != nil {

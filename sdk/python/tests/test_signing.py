@@ -1,38 +1,29 @@
-"""Request and webhook signatures against PROTOCOL §11.4 (request signature vectors)."""
+"""Request and webhook signatures against the shared vectors (docs/protocol/vectors/signatures.json)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from rebuno.signing import sign_legacy, sign_v1, v1_message, verify_webhook
 
-SECRET = "test-secret"
-EXEC_PATH = "/v0/executions/018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
-DISPATCH = "01920000-0000-7000-8000-000000000001"
-BODY = b'{"kind":"tool_call","target":"send_email","args":{"to":"ops@example.com"},"idempotency":"safe_to_retry"}'
+from .vectors import load
+
+SIGNATURES = load("signatures")
+SECRET = SIGNATURES["requests"][0]["secret"]
 
 
-def test_vector_1_submit() -> None:
-    assert len(BODY) == 104
-    msg = v1_message("POST", EXEC_PATH + "/steps", "1700000000", DISPATCH, "3", BODY)
-    assert len(msg) == 235
-    assert msg.startswith(b"rebuno-request-v1\nPOST\n" + EXEC_PATH.encode() + b"/steps\n1700000000\n"
-                          + DISPATCH.encode() + b"\n3\n")
-    assert sign_v1(SECRET, "POST", EXEC_PATH + "/steps", "1700000000", DISPATCH, "3", BODY) == \
-        "v1=017dff4039ba40e90d3d8d566fdf51db427672f92d45ef41b738672238ea0058"
-    assert sign_legacy(SECRET, BODY) == "sha256=88b767a9e1e2a49ad76f1b27828c50989de249ba0f6ed5a29fbcceeb23abba99"
-
-
-def test_vector_2_get_with_query() -> None:
-    target = EXEC_PATH + "/steps?status=terminal"
-    assert len(v1_message("GET", target, "1700000000", None, None, b"")) == 109
-    assert sign_v1(SECRET, "GET", target, "1700000000", None, None, b"") == \
-        "v1=3c8f9ae9166e84e4b3660904bf829d900757408f63e92526d08941e7b75cd215"
-
-
-def test_vector_3_heartbeat_without_attempt() -> None:
-    target = EXEC_PATH + "/heartbeat"
-    assert len(v1_message("POST", target, "1700000000", DISPATCH, None, b"")) == 134
-    assert sign_v1(SECRET, "POST", target, "1700000000", DISPATCH, None, b"") == \
-        "v1=50126b8835e31c9fbe34b4170efb611d85a8595d1e0dc74cd5abc4bb13980731"
+@pytest.mark.parametrize("case", SIGNATURES["requests"], ids=lambda c: c["name"])
+def test_request_vectors(case: dict[str, Any]) -> None:
+    body = case["body"].encode("utf-8")
+    args = (case["secret"], case["method"], case["target"], case["timestamp"], case["dispatch_id"],
+            case["dispatch_attempt"], body)
+    msg = v1_message(*args[1:])
+    assert msg == case["message"].encode("utf-8") and len(msg) == case["message_length"]
+    assert sign_v1(*args) == case["signature"]
+    if "legacy_signature" in case:
+        assert sign_legacy(case["secret"], body) == case["legacy_signature"]
 
 
 def test_verify_webhook() -> None:

@@ -1,0 +1,77 @@
+/**
+ * kill -9 of the agent in the middle of a step: the kernel redelivers after
+ * the lease lapses, the restarted agent reopens the same workspace, the
+ * steps that succeeded replay without running their bodies, and the
+ * interrupted step runs again in a new generation.
+ */
+
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { SECRET } from "../support/agents.js";
+import { AgentProcess, eventually, Kernel, listening, markers } from "../support/kernel.js";
+
+const SCRIPT = fileURLToPath(new URL("./agents/crash-agent.ts", import.meta.url));
+
+let kernel: Kernel;
+beforeAll(async () => {
+  kernel = await new Kernel().start();
+});
+afterAll(async () => {
+  await kernel.destroy();
+});
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+describe("a crash mid-step", () => {
+  it("replays the succeeded steps after kill -9 and re-runs the interrupted one", async () => {
+    const port = await freePort();
+    const markerFile = path.join(kernel.dir, "markers");
+    const env = {
+      REBUNO_URL: kernel.url, REBUNO_AGENT_SECRET: SECRET, AGENT_ID: "crasher", PORT: String(port),
+      MARKERS: markerFile, REBUNO_LOCAL_RESOURCES: path.join(kernel.dir, "resources"),
+    };
+    let agent = new AgentProcess(SCRIPT, env);
+    const client = kernel.client();
+    try {
+      await client.registerAgent("crasher", await agent.webhook(), SECRET);
+      const ex = await client.create("crasher", { n: 7 });
+      await eventually(() => markers(markerFile).includes("write:slow.txt"), "the slow write to start");
+      const workspace = (await client.allEvents(ex.id)).find((e) => e.type === "resource.bound")!.payload.binding as { path: string };
+      await eventually(() => fs.existsSync(path.join(workspace.path, "slow.txt")), "slow.txt written");
+      await agent.kill();
+      await eventually(async () => !(await listening(port)), "the killed agent's port to close");
+      expect(markers(markerFile)).toEqual(["token", "write:a.txt", "write:slow.txt"]);
+
+      agent = new AgentProcess(SCRIPT, env);
+      await agent.webhook();
+      await kernel.advance(121); // the lease lapses: the kernel redelivers attempt 2
+      const done = await client.wait(ex.id, { timeout: 30_000 });
+      expect(done.status, done.failureReason).toBe("completed");
+      expect(done.output).toEqual({ token: "t-7", files: ["a.txt", "b.txt", "slow.txt"] });
+      // The token step and the first write replayed; only the interrupted write ran again.
+      expect(markers(markerFile)).toEqual(["token", "write:a.txt", "write:slow.txt", "write:slow.txt", "write:b.txt"]);
+      const events = await client.allEvents(ex.id);
+      expect(events.filter((e) => e.type === "resource.bound")).toHaveLength(1); // the same directory, reopened
+      const executing = events.filter((e) => e.type === "step.executing" && e.payload.target === "write_file");
+      const retry = executing.filter((e) => e.payload.retry === true);
+      expect(retry).toHaveLength(1);
+      const generations = executing.map((e) => (e.payload.generations as Record<string, number>).workspace);
+      expect(generations).toEqual([...generations].sort((a, b) => a! - b!));
+      expect(new Set(generations).size).toBe(generations.length);
+      expect(fs.readFileSync(path.join(workspace.path, "a.txt"), "utf8")).toBe("t-7");
+      const steps = await client.steps(ex.id);
+      expect(steps.map((s) => [s.target, s.status])).toEqual([["token", "succeeded"], ["write_file", "succeeded"], ["write_file", "succeeded"], ["write_file", "succeeded"]]);
+    } finally {
+      await agent.stop();
+    }
+  });
+});
