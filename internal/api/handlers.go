@@ -16,19 +16,24 @@ import (
 )
 
 func (s *Server) registerRoutes() {
+	// A bearer caller's role must allow the route: reads need viewer, and
+	// every change needs admin unless the table says less.
 	add := func(method, pattern string, a authKind, body bodyKind, h func(*call) error) *route {
-		r := &route{method: method, pattern: pattern, auth: a, body: body, handle: h}
+		r := &route{method: method, pattern: pattern, auth: a, body: body, handle: h, role: wire.RoleAdmin}
+		if method == http.MethodGet {
+			r.role = wire.RoleViewer
+		}
 		s.routes.add(r)
 		return r
 	}
 	const ex = "/v0/executions/{id}"
-	add(http.MethodPost, "/v0/executions", authBearer, bodyJSON, handleCreate)
+	add(http.MethodPost, "/v0/executions", authBearer, bodyJSON, handleCreate).needs(wire.RoleOperator)
 	add(http.MethodGet, "/v0/executions", authBearer, bodyNone, handleList)
 	add(http.MethodGet, ex, authDual, bodyNone, handleGet)
 	add(http.MethodGet, ex+"/events", authDual, bodyNone, handleEvents)
 	add(http.MethodGet, ex+"/events/stream", authDual, bodyNone, handleEventStream).streaming = true
 	add(http.MethodGet, ex+"/stream", authDual, bodyNone, handleDeltaStream).streaming = true
-	add(http.MethodPost, ex+"/cancel", authBearer, bodyNone, handleCancel)
+	add(http.MethodPost, ex+"/cancel", authBearer, bodyNone, handleCancel).needs(wire.RoleOperator)
 	add(http.MethodGet, ex+"/steps", authDual, bodyNone, handleSteps)
 	add(http.MethodGet, ex+"/steps/{step_id}", authDual, bodyNone, handleStep)
 	add(http.MethodPost, ex+"/steps", authHMAC, bodyJSON, handleSubmit)
@@ -39,7 +44,7 @@ func (s *Server) registerRoutes() {
 	add(http.MethodPost, ex+"/complete", authHMAC, bodyJSON, handleComplete)
 	add(http.MethodPost, ex+"/fail", authHMAC, bodyJSON, handleFail)
 	add(http.MethodGet, ex+"/previous", authDual, bodyNone, handlePrevious)
-	add(http.MethodPost, ex+"/fork", authBearer, bodyJSON, handleFork)
+	add(http.MethodPost, ex+"/fork", authBearer, bodyJSON, handleFork).needs(wire.RoleOperator)
 	add(http.MethodGet, ex+"/forks", authDual, bodyNone, handleForks)
 	add(http.MethodGet, ex+"/coverage", authDual, bodyNone, handleCoverage)
 	add(http.MethodPost, ex+"/resources", authHMAC, bodyJSON, handleRegisterResource)
@@ -53,8 +58,13 @@ func (s *Server) registerRoutes() {
 	add(http.MethodPost, "/v0/policies/{agent_id}", authBearer, bodyJSON, handlePolicy)
 	add(http.MethodGet, "/v0/approvals", authBearer, bodyNone, handleListApprovals)
 	add(http.MethodGet, "/v0/approvals/{approval_id}", authBearer, bodyNone, handleGetApproval)
-	add(http.MethodPost, "/v0/approvals/{approval_id}/grant", authBearer, bodyJSON, handleDecide(true))
-	add(http.MethodPost, "/v0/approvals/{approval_id}/deny", authBearer, bodyJSON, handleDecide(false))
+	add(http.MethodPost, "/v0/approvals/{approval_id}/grant", authBearer, bodyJSON, handleDecide(true)).needs(wire.RoleApprover)
+	add(http.MethodPost, "/v0/approvals/{approval_id}/deny", authBearer, bodyJSON, handleDecide(false)).needs(wire.RoleApprover)
+	add(http.MethodPost, "/v0/keys", authBearer, bodyJSON, handleCreateKey)
+	add(http.MethodGet, "/v0/keys", authBearer, bodyNone, handleListKeys).needs(wire.RoleAdmin)
+	add(http.MethodDelete, "/v0/keys/{name}", authBearer, bodyNone, handleRevokeKey)
+	add(http.MethodGet, "/v0/audit", authBearer, bodyNone, handleAudit).needs(wire.RoleAdmin)
+	add(http.MethodGet, "/v0/whoami", authBearer, bodyNone, handleWhoami)
 	add(http.MethodGet, "/v0/health", authNone, bodyNone, handleHealth)
 	add(http.MethodGet, "/v0/ready", authNone, bodyNone, handleReady)
 	add(http.MethodGet, "/metrics", authNone, bodyNone, handleMetrics)
@@ -666,7 +676,7 @@ func handleDecide(grant bool) func(*call) error {
 		if err != nil {
 			return err
 		}
-		r := kernel.DecideRequest{Grant: grant, DecidedBy: f.str("decided_by"), Rationale: f.str("rationale")}
+		r := kernel.DecideRequest{Grant: grant, DecidedBy: f.str("decided_by"), Rationale: f.str("rationale"), By: c.principal}
 		if f.err != nil {
 			return f.err
 		}

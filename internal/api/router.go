@@ -35,8 +35,16 @@ type route struct {
 	body bodyKind
 	// streaming routes have no overall write timeout.
 	streaming bool
-	handle    func(c *call) error
-	segments  []string
+	// role is what a bearer caller's role must allow (wire.RoleAllows).
+	role     string
+	handle   func(c *call) error
+	segments []string
+}
+
+// needs sets the role a bearer caller needs.
+func (r *route) needs(role string) *route {
+	r.role = role
+	return r
 }
 
 // router matches paths exactly: no cleaning, no redirects, a trailing slash

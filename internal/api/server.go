@@ -82,6 +82,7 @@ type call struct {
 	params    map[string]string
 	body      []byte
 	caller    kernel.Caller
+	principal kernel.Principal // of a bearer caller
 	requestID string
 	status    int
 }
@@ -206,12 +207,7 @@ func (c *call) authenticate() error {
 	}
 	switch kind {
 	case authBearer:
-		if c.s.opt.BearerToken == "" || auth.BearerOK(c.r.Header.Get(wire.HeaderAuthorization), c.s.opt.BearerToken) &&
-			len(c.r.Header.Values(wire.HeaderAuthorization)) == 1 {
-			return nil
-		}
-		c.log().Info("bearer authentication failed")
-		return errUnauthorized
+		return c.authenticateBearer()
 	case authHMAC:
 		return c.verifySignature()
 	}

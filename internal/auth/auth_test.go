@@ -388,16 +388,18 @@ func TestHeaderValuesLeavesCallerHeaderAlone(t *testing.T) {
 	}
 }
 
-// The occurrence signature vectors (docs/protocol): the secret and request
-// signature below, occurrences 0 and 7.
+// The occurrence signature vectors of docs/protocol/vectors/signatures.json.
 func TestOccurrenceSignatureVectors(t *testing.T) {
-	const key = "s3cret-agent-key"
-	for occ, want := range map[string]string{
-		"0": "v1=c6884bbf6fcc8941aeac42d932b31cfdb1c369d7fee69e13bc887b6c313ef6c8",
-		"7": "v1=7eb262dd2b0b6db488386364a4d0ce8e8c0c8b517048fb10f62eb32d58b86a60",
-	} {
-		if got := SignOccurrence([]byte(key), vec3Sig, occ); got != want {
-			t.Errorf("SignOccurrence(occurrence %s) = %s, want %s", occ, got, want)
+	vs := testvectors.LoadSignatures().Occurrences
+	if len(vs) == 0 {
+		t.Fatal("no occurrence vectors")
+	}
+	for _, v := range vs {
+		if got := string(OccurrenceMessage(v.RequestSignature, v.Occurrence)); got != v.Message {
+			t.Errorf("OccurrenceMessage(occurrence %s) = %q, want %q", v.Occurrence, got, v.Message)
+		}
+		if got := SignOccurrence([]byte(v.Secret), v.RequestSignature, v.Occurrence); got != v.Signature {
+			t.Errorf("SignOccurrence(occurrence %s) = %s, want %s", v.Occurrence, got, v.Signature)
 		}
 	}
 }

@@ -209,7 +209,9 @@ func TestDeliverySuccess(t *testing.T) {
 	}
 	m := v.k.Metrics()
 	waitFor(t, "the latency observation", func() bool { return histogramCount(t, m.Registry, "rebuno_dispatch_latency_seconds") == 1 })
-	if got := testutil.ToFloat64(m.DispatchOutcomes.WithLabelValues("success")); got != 1 {
+	success := m.DispatchOutcomes.WithLabelValues("success")
+	waitFor(t, "the success counted", func() bool { return testutil.ToFloat64(success) >= 1 })
+	if got := testutil.ToFloat64(success); got != 1 {
 		t.Fatalf("dispatch_outcomes_total{success} = %v", got)
 	}
 	waitFor(t, "the delivery slot to be released", func() bool { return d.busy() == 0 })
@@ -310,7 +312,11 @@ func TestFailedAttempts(t *testing.T) {
 			if dd.Status != wire.DispatchFailed || delay < tc.minDelay || delay >= tc.minDelay+tc.minDelay/4 {
 				t.Fatalf("dispatch %s, next attempt in %v; want failed, in [%v, %v)", dd.Status, delay, tc.minDelay, tc.minDelay+tc.minDelay/4)
 			}
-			if got := testutil.ToFloat64(v.k.Metrics().DispatchOutcomes.WithLabelValues("rejected")); got != 1 {
+			// Metrics are counted after the commit that made the event
+			// visible, so the count may trail the event by a moment.
+			rejected := v.k.Metrics().DispatchOutcomes.WithLabelValues("rejected")
+			waitFor(t, "the rejected outcome counted", func() bool { return testutil.ToFloat64(rejected) >= 1 })
+			if got := testutil.ToFloat64(rejected); got != 1 {
 				t.Fatalf("dispatch_outcomes_total{rejected} = %v", got)
 			}
 		})
