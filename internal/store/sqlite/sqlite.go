@@ -113,11 +113,16 @@ type job struct {
 	err  error
 }
 
+// dialect is SQLite's side of the SQL seam. One writer runs at a time, so
+// transactions need no locks; the writer wraps failures of its own
+// transaction in store.ErrUnavailable (runBatch), which is where SQLite's
+// I/O errors surface.
 type dialect struct{}
 
-func (dialect) Rebind(q string) string   { return q }
-func (dialect) LockSuffix() string       { return "" }
-func (dialect) SkipLockedSuffix() string { return "" }
+func (dialect) Rebind(q string) string          { return q }
+func (dialect) RowLock(sqlstore.RowLock) string { return "" }
+func (dialect) KeyLock() string                 { return "" }
+func (dialect) Classify(err error) error        { return err }
 
 // IndexedBy uses SQLite's own clause, which also refuses to prepare a query
 // that cannot use the index: a mistake shows up as an error, not as a scan.
