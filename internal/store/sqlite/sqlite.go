@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -401,7 +400,7 @@ func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batc
 			}
 		}
 		tx := sqlstore.NewCachedTx(q, dialect{}, s.rows)
-		err := runUnit(ctx, j.fn, tx)
+		err := sqlstore.RunUnit(ctx, j.fn, tx)
 		if err != nil {
 			s.forgetRows() // its writes are undone
 		}
@@ -525,17 +524,6 @@ func walPagesWritten(conn *sql.Conn) int {
 		return nil
 	})
 	return n
-}
-
-// runUnit runs one caller's function, turning a panic into an error so that a
-// bug in one request cannot take down the writer every request depends on.
-func runUnit(ctx context.Context, fn func(context.Context, store.Tx) error, tx store.Tx) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic in transaction: %v\n%s", r, debug.Stack())
-		}
-	}()
-	return fn(ctx, tx)
 }
 
 // Close stops the writer after the transactions already queued and closes the

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/store"
@@ -116,6 +117,18 @@ func (t *Tx) Committed() {
 		f()
 	}
 	t.after = nil
+}
+
+// RunUnit runs one caller's transaction function, turning a panic into an
+// error so that a bug in one request rolls back its transaction instead of
+// taking down the process (and, on SQLite, the writer every request shares).
+func RunUnit(ctx context.Context, fn func(context.Context, store.Tx) error, tx store.Tx) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in transaction: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn(ctx, tx)
 }
 
 var (

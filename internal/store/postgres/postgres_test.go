@@ -1,0 +1,48 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rebuno/rebuno/internal/store"
+	"github.com/rebuno/rebuno/internal/store/postgres"
+	"github.com/rebuno/rebuno/internal/store/postgres/pgtest"
+	"github.com/rebuno/rebuno/internal/store/storetest"
+)
+
+// openAt opens a store on url, closed when the test ends.
+func openAt(t *testing.T, url string, mod ...func(*postgres.Options)) *postgres.Store {
+	t.Helper()
+	opt := postgres.Options{URL: url, Migrate: true, MaxConns: 12}
+	for _, m := range mod {
+		m(&opt)
+	}
+	s, err := postgres.Open(context.Background(), opt)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func open(t *testing.T) store.Store { return openAt(t, pgtest.NewDatabase(t)) }
+
+func TestContract(t *testing.T) { storetest.Run(t, open) }
+
+func TestDurability(t *testing.T) {
+	urls := map[store.Store]string{}
+	storetest.RunDurability(t, func(t *testing.T) store.Store {
+		url := pgtest.NewDatabase(t)
+		s := openAt(t, url)
+		urls[s] = url
+		return s
+	}, func(t *testing.T, s store.Store) store.Store {
+		url := urls[s]
+		if err := s.Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		reopened := openAt(t, url)
+		urls[reopened] = url
+		return reopened
+	})
+}
