@@ -36,14 +36,18 @@ func unavailable(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	// Any failure to connect, whatever the server said while refusing.
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return unavailableState(pgErr.Code)
 	}
-	var connectErr *pgconn.ConnectError
 	var netErr net.Error
 	switch {
-	case errors.As(err, &connectErr), errors.As(err, &netErr):
+	case errors.As(err, &netErr):
 		return true
 	case errors.Is(err, driver.ErrBadConn), errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, puddle.ErrClosedPool),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),

@@ -46,3 +46,20 @@ func TestDurability(t *testing.T) {
 		return reopened
 	})
 }
+
+func TestShared(t *testing.T) {
+	storetest.RunShared(t, storetest.SharedBackend{
+		Open: func(t *testing.T) (store.Store, store.Store) {
+			url := pgtest.NewDatabase(t)
+			return openAt(t, url), openAt(t, url)
+		},
+		Limiters: func(t *testing.T) (storetest.Limiter, storetest.Limiter) {
+			url := pgtest.NewDatabase(t)
+			return openAt(t, url).Limiter(), openAt(t, url).Limiter()
+		},
+	})
+}
+
+func TestLimiter(t *testing.T) {
+	storetest.RunLimiter(t, func(t *testing.T) storetest.Limiter { return openAt(t, pgtest.NewDatabase(t)).Limiter() })
+}
