@@ -27,7 +27,7 @@ func (t *Tx) InsertDispatch(ctx context.Context, d *store.Dispatch) error {
 	if t.cache != nil {
 		delete(t.cache.dispatches, d.ID) // read back when next needed
 	}
-	return t.Queries.exec(ctx, `INSERT INTO dispatches (`+dispatchCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+	return t.write(ctx, `INSERT INTO dispatches (`+dispatchCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
 		d.ID, d.ExecutionID, d.Status, d.Attempt, d.MaxAttempts, d.ProgressAttempt, d.LeaseTimeout,
 		ts(d.NextAttemptAt), ts(d.LeaseExpiresAt), d.ClaimedBy, ts(d.CreatedAt), ts(d.UpdatedAt))
 }
@@ -36,7 +36,7 @@ func (t *Tx) UpdateDispatch(ctx context.Context, d *store.Dispatch) error {
 	if t.cache != nil {
 		delete(t.cache.dispatches, d.ID) // read back when next needed
 	}
-	return t.Queries.exec(ctx, `UPDATE dispatches SET status = ?, attempt = ?, progress_attempt = ?, lease_timeout = ?,
+	return t.write(ctx, `UPDATE dispatches SET status = ?, attempt = ?, progress_attempt = ?, lease_timeout = ?,
  next_attempt_at = ?, lease_expires_at = ?, claimed_by = ?, updated_at = ? WHERE id = ?`,
 		d.Status, d.Attempt, d.ProgressAttempt, d.LeaseTimeout, ts(d.NextAttemptAt), ts(d.LeaseExpiresAt),
 		d.ClaimedBy, ts(d.UpdatedAt), d.ID)
@@ -46,7 +46,7 @@ func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, n
 	if t.cache != nil {
 		t.cache.retired(executionID, keepID)
 	}
-	return t.Queries.exec(ctx, `UPDATE dispatches SET status = ?, updated_at = ? WHERE execution_id = ? AND id <> ? AND status <> ?`,
+	return t.write(ctx, `UPDATE dispatches SET status = ?, updated_at = ? WHERE execution_id = ? AND id <> ? AND status <> ?`,
 		wire.DispatchRetired, ts(now), executionID, keepID, wire.DispatchRetired)
 }
 

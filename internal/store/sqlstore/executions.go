@@ -94,7 +94,7 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 	if t.cache != nil {
 		delete(t.cache.executions, e.ID) // read back when next needed
 	}
-	err := t.Queries.exec(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
+	err := t.write(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
  created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
  forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count, writing)
  VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -118,9 +118,9 @@ func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, writing, e.ID}
 	var err error
 	if t.statusOf == e.ID && t.status == e.Status {
-		err = t.Queries.exec(ctx, `UPDATE executions SET`+rest, args...)
+		err = t.write(ctx, `UPDATE executions SET`+rest, args...)
 	} else {
-		err = t.Queries.exec(ctx, `UPDATE executions SET status = ?,`+rest, append([]any{e.Status}, args...)...)
+		err = t.write(ctx, `UPDATE executions SET status = ?,`+rest, append([]any{e.Status}, args...)...)
 	}
 	if err != nil {
 		if t.cache != nil {
@@ -135,9 +135,15 @@ func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 	return nil
 }
 
-// ExecutionHead is Queries.ExecutionHead, answered by the cache when the
-// backend keeps one, remembering the status it read.
+// ExecutionHead is Queries.ExecutionHead, answered by the head the
+// transaction's lock read (LockExecution) or by the cache when the backend
+// keeps one, remembering the status it read.
 func (t *Tx) ExecutionHead(ctx context.Context, id string) (*store.Execution, error) {
+	if e := t.locked; e != nil && e.ID == id {
+		t.locked = nil
+		t.statusOf, t.status = e.ID, e.Status
+		return e, nil
+	}
 	if t.cache != nil {
 		if e, ok := t.cache.execution(id); ok {
 			t.statusOf, t.status = e.ID, e.Status

@@ -18,6 +18,11 @@ import (
 // skipLocked it does not wait: it returns store.ErrLocked when another
 // transaction holds the lock. An execution that does not exist is not an
 // error here; the operation finds that out itself.
+//
+// The lock is taken by reading the execution's head, which the
+// transaction's first ExecutionHead of it then answers without another
+// statement: nobody else can change the row while the lock is held, and
+// any write of this transaction forgets it (exec).
 func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) error {
 	mode := LockUpdate
 	if skipLocked {
@@ -27,15 +32,18 @@ func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) erro
 	if clause == "" {
 		return nil
 	}
-	var one int
-	err := t.row(ctx, `SELECT 1 FROM executions WHERE id = ?`+clause, id).Scan(&one)
-	if !errors.Is(err, sql.ErrNoRows) || !skipLocked {
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil
-		}
+	e, err := scanHead(t.row(ctx, `SELECT `+executionCols+` FROM executions e WHERE e.id = ?`+clause, id))
+	switch {
+	case err == nil:
+		t.locked = e
+		return nil
+	case !errors.Is(err, sql.ErrNoRows):
 		return err
+	case !skipLocked:
+		return nil
 	}
 	// Skipped: the row is locked, or there is none.
+	var one int
 	err = t.row(ctx, `SELECT 1 FROM executions WHERE id = ?`, id).Scan(&one)
 	switch {
 	case err == nil:

@@ -86,6 +86,8 @@ type Tx struct {
 	// cache, when the backend keeps one, answers the reads of execution
 	// heads and dispatches and follows the writes of them.
 	cache *RowCache
+	// locked is the head LockExecution read, until the transaction writes.
+	locked *store.Execution
 }
 
 // NewTx returns a Tx writing through q.
@@ -98,13 +100,19 @@ func NewCachedTx(q Querier, d Dialect, c *RowCache) *Tx {
 }
 
 // exec runs a write. One that may change cached rows in a way the cache does
-// not follow clears it: the methods that keep it exact write through
-// t.Queries.exec instead.
+// not follow clears it: the methods that keep it exact use write instead.
 func (t *Tx) exec(ctx context.Context, query string, args ...any) error {
 	if t.cache != nil && touches(query) {
 		t.cache.Clear()
 	}
-	return t.Queries.exec(ctx, query, args...)
+	return t.write(ctx, query, args...)
+}
+
+// write runs a write of the transaction, leaving the row cache to its
+// caller.
+func (t *Tx) write(ctx context.Context, query string, args ...any) error {
+	_, err := t.result(ctx, query, args...)
+	return err
 }
 
 // AfterCommit implements store.Tx.
@@ -139,6 +147,12 @@ var (
 func (q *Queries) exec(ctx context.Context, query string, args ...any) error {
 	_, err := q.result(ctx, query, args...)
 	return err
+}
+
+// result runs a write of the transaction, which forgets the head it locked.
+func (t *Tx) result(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	t.locked = nil
+	return t.Queries.result(ctx, query, args...)
 }
 
 // result runs a write and returns what the driver says of it.
