@@ -27,11 +27,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -199,9 +201,21 @@ func migrateURL(ctx context.Context, cfg *pgx.ConnConfig, apply bool) (Migration
 	return m, err
 }
 
-// oneLine is an error on one line: pgx lists a failed attempt per address
-// of the host on lines of their own.
+// oneLine is a connection error on one line: pgx lists every attempt (per
+// address, with and without TLS) on lines of its own, often the same.
 func oneLine(err error) string {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		if joined, ok := ce.Unwrap().(interface{ Unwrap() []error }); ok {
+			var parts []string
+			for _, e := range joined.Unwrap() {
+				if msg := strings.Join(strings.Fields(e.Error()), " "); !slices.Contains(parts, msg) {
+					parts = append(parts, msg)
+				}
+			}
+			return strings.Join(parts, "; ")
+		}
+	}
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
