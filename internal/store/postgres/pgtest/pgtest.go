@@ -60,14 +60,20 @@ func NewEmptyDatabase(tb testing.TB) string {
 	return create(tb, URL(tb), "template0")
 }
 
-// Admin runs statements on the server's maintenance database, for tests
-// that need to act on a database from outside (drop its connections, refuse
-// new ones).
+// Admin runs a statement on the server's maintenance database, for tests
+// that act on a database from outside (drop its connections, refuse new
+// ones).
 func Admin(tb testing.TB, sql string, args ...any) {
+	tb.Helper()
+	Exec(tb, URL(tb), sql, args...)
+}
+
+// Exec runs a statement on the database at dbURL.
+func Exec(tb testing.TB, dbURL, sql string, args ...any) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, URL(tb))
+	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		tb.Fatalf("connect to the test server: %v", err)
 	}
