@@ -93,6 +93,7 @@ run)
 	fi
 	dir=$(mktemp -d "${TMPDIR:-/tmp}/rebuno-pg.XXXXXX")
 	trap 'stop_cluster "$dir"' EXIT
+	trap 'exit 130' INT TERM
 	REBUNO_TEST_POSTGRES_URL=$(start_cluster "$dir")
 	export REBUNO_TEST_POSTGRES_URL
 	log "PostgreSQL $PGVERSION at $REBUNO_TEST_POSTGRES_URL"

@@ -29,7 +29,7 @@ func BenchmarkDriver(b *testing.B) {
 	const q = `SELECT id, execution_id, status, attempt, max_attempts, progress_attempt, lease_timeout,
  next_attempt_at, lease_expires_at, claimed_by, created_at, updated_at FROM dispatches WHERE id = $1`
 	type row struct {
-		id, exec, status, by                                     string
+		id, exec, status, by                                      string
 		attempt, max, progress, lease, next, expires, cr, updated int64
 	}
 	b.Run("database-sql", func(b *testing.B) {
