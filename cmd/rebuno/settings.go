@@ -298,6 +298,9 @@ func (s *settings) check() error {
 	if s.MaxExecutionBytes < s.MaxBodyBytes {
 		return &configError{msg: "invalid REBUNO_MAX_EXECUTION_BYTES (--max-execution-bytes): must be >= --max-body-bytes"}
 	}
+	if pooled := postgres.PoolSize(int(s.DBMaxConns)); s.DBMinConns > int64(pooled) {
+		return &configError{msg: fmt.Sprintf("invalid REBUNO_DB_MIN_CONNS (--db-min-conns): must be <= %d, the pooled share of --db-max-conns", pooled)}
+	}
 	return nil
 }
 

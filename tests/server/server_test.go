@@ -69,6 +69,17 @@ func TestServerRequiresItsSettings(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "REBUNO_DB_URL (--db-url)") {
 		t.Errorf("rebuno server with a bad URL: exit %d, %q", code, stderr)
 	}
+	for _, c := range []struct{ flag, value, want string }{
+		{"--db-max-conns", "5", "REBUNO_DB_MAX_CONNS (--db-max-conns): must be 0 (automatic) or >= 6"},
+		{"--db-min-conns", "17", "REBUNO_DB_MIN_CONNS (--db-min-conns): must be <= 16"},
+		{"--replica-id", "", "REBUNO_REPLICA_ID (--replica-id): must not be empty"},
+		{"--migrate", "maybe", "REBUNO_MIGRATE (--migrate)"},
+	} {
+		code, _, stderr, _ = command(t, 30*time.Second, "server", "--bearer-token", token, "--db-url", "postgres://x@127.0.0.1:1/x", c.flag+"="+c.value)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("rebuno server %s=%s: exit %d, %q; want 2 saying %q", c.flag, c.value, code, stderr, c.want)
+		}
+	}
 	code, _, stderr, _ = command(t, 30*time.Second, "migrate")
 	if code != 2 || !strings.Contains(stderr, "--db-url") {
 		t.Errorf("rebuno migrate without --db-url: exit %d, %q", code, stderr)

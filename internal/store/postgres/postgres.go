@@ -102,7 +102,16 @@ type Store struct {
 	closed   sync.Once
 }
 
-// Config is a parsed Options.URL with the connection settings the store
+// PoolSize is how many of maxConns (0: DefaultMaxConns) connections the
+// pool of operations gets, the dedicated ones set aside.
+func PoolSize(maxConns int) int {
+	if maxConns == 0 {
+		maxConns = DefaultMaxConns
+	}
+	return maxConns - dedicatedConn - LimiterConns
+}
+
+// config is a parsed Options.URL with the connection settings the store
 // applies to every connection it opens.
 func config(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
@@ -123,16 +132,12 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	maxConns := opt.MaxConns
-	if maxConns == 0 {
-		maxConns = DefaultMaxConns
+	if opt.MaxConns != 0 && opt.MaxConns < MinMaxConns {
+		return nil, fmt.Errorf("at least %d database connections are needed, %d allowed", MinMaxConns, opt.MaxConns)
 	}
-	if maxConns < MinMaxConns {
-		return nil, fmt.Errorf("at least %d database connections are needed, %d allowed", MinMaxConns, maxConns)
-	}
-	pooled := maxConns - dedicatedConn - LimiterConns
+	pooled := PoolSize(opt.MaxConns)
 	if opt.MinConns > pooled {
-		return nil, fmt.Errorf("%d idle connections asked for, but the pool holds at most %d of the %d allowed", opt.MinConns, pooled, maxConns)
+		return nil, fmt.Errorf("%d idle connections asked for, but the pool holds at most %d", opt.MinConns, pooled)
 	}
 	cfg, err := config(opt.URL)
 	if err != nil {
