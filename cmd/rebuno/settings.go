@@ -168,7 +168,7 @@ func (s *settings) devSettings() []setting {
 func (s *settings) serverSettings() []setting {
 	host, _ := os.Hostname()
 	return append(s.kernelSettings(":8080", true), s.databaseURL(),
-		setting{flag: "db-max-conns", env: "REBUNO_DB_MAX_CONNS", def: "0", usage: fmt.Sprintf("database connections this replica may open, LISTEN and leader connections included (0: %d; at least %d)", postgres.DefaultMaxConns, postgres.MinMaxConns), parse: func(v string) error {
+		setting{flag: "db-max-conns", env: "REBUNO_DB_MAX_CONNS", def: "0", usage: fmt.Sprintf("database connections this replica may open, its LISTEN, leader and side connections included (0: %d; at least %d)", postgres.DefaultMaxConns, postgres.MinMaxConns), parse: func(v string) error {
 			if err := intAtLeast(&s.DBMaxConns, 0)(v); err != nil {
 				return err
 			}

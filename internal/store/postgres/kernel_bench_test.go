@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sort"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func benchSteps(b *testing.B, replicas int) {
 	kernels := make([]*kernel.Kernel, replicas)
 	var first store.Store
 	for i := range replicas {
-		s, err := postgres.Open(ctx, postgres.Options{URL: url, Migrate: true})
+		s, err := postgres.Open(ctx, postgres.Options{URL: url, Migrate: true, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -44,7 +45,7 @@ func benchSteps(b *testing.B, replicas int) {
 		}
 		cfg := kernel.DefaultConfig()
 		cfg.ReplicaID = fmt.Sprintf("r%d", i)
-		kernels[i] = kernel.New(kernel.Options{Store: s, Config: cfg, Limiter: s.Limiter()})
+		kernels[i] = kernel.New(kernel.Options{Store: s, Config: cfg, Limiter: s.Limiter(), Logger: slog.New(slog.DiscardHandler)})
 	}
 	k := kernels[0]
 	if _, err := k.RegisterAgent(ctx, kernel.AgentSpec{ID: "a", WebhookURL: "http://127.0.0.1:1/w", Secret: "a-secret-of-16-bytes"}); err != nil {

@@ -18,7 +18,7 @@ import (
 // is one statement that refills the bucket, takes a token when there is one
 // and says whether it did, atomically under the row's lock; a check that
 // takes longer than store.LimiterBudget fails with store.ErrLimiterTimeout.
-// It has connections of its own: a check runs while its operation's
+// It runs on the store's side pool: a check happens while its operation's
 // transaction holds a pooled connection, and must never wait for another.
 type Limiter struct {
 	pool   *pgxpool.Pool
@@ -36,18 +36,6 @@ const (
 	pruneEvery       = 1024
 	pruneEveryPeriod = time.Minute
 )
-
-func newLimiter(ctx context.Context, cfg *pgxpool.Config, log *slog.Logger) (*Limiter, error) {
-	cfg = cfg.Copy()
-	cfg.MaxConns, cfg.MinConns = LimiterConns, 0
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, classify(err)
-	}
-	return &Limiter{pool: pool, log: log}, nil
-}
-
-func (l *Limiter) close() { l.pool.Close() }
 
 // takeToken refills the bucket by the time since its last check (never
 // backwards: replicas' clocks may disagree a little), clamps it to the

@@ -41,10 +41,12 @@ import (
 	"github.com/rebuno/rebuno/internal/store/sqlstore"
 )
 
-// Connection budget of one process. Besides its pool, a process keeps one
-// connection for LISTEN, one for the leader lock and LimiterConns for
-// rate-limit checks, which must not wait for a pooled connection that a
-// transaction holds while it asks the limiter.
+// Connection budget of one process. Besides the pool its operations use, a
+// process keeps one connection for LISTEN, one for the leader lock, and a
+// side pool of sideConns for the work that must never queue behind
+// operations: rate-limit checks (asked while the operation's transaction
+// holds a pooled connection) and sending notifications (a live event must
+// reach the other replicas promptly, however busy the pool is).
 const (
 	// DefaultMaxConns lets three replicas, and a fourth during a rolling
 	// upgrade, share a stock Postgres (max_connections 100, 3 of them
@@ -54,7 +56,7 @@ const (
 	// outside its transaction while it holds one.
 	MinMaxConns   = 6
 	dedicatedConn = 2 // LISTEN and the leader lock
-	LimiterConns  = 2
+	sideConns     = 2
 )
 
 // DefaultLeaderLockKey names the advisory lock of the leader.
@@ -90,6 +92,7 @@ type Options struct {
 // Store is the Postgres implementation of store.Store.
 type Store struct {
 	pool     *pgxpool.Pool
+	side     *pgxpool.Pool // see sideConns
 	db       *sql.DB
 	read     *sqlstore.Queries
 	notifier *notifier
@@ -108,7 +111,7 @@ func PoolSize(maxConns int) int {
 	if maxConns == 0 {
 		maxConns = DefaultMaxConns
 	}
-	return maxConns - dedicatedConn - LimiterConns
+	return maxConns - dedicatedConn - sideConns
 }
 
 // config is a parsed Options.URL with the connection settings the store
@@ -152,15 +155,18 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
-	limiter, err := newLimiter(ctx, cfg, opt.Logger)
+	sideCfg := cfg.Copy()
+	sideCfg.MaxConns, sideCfg.MinConns = sideConns, 0
+	side, err := pgxpool.NewWithConfig(ctx, sideCfg)
 	if err != nil {
 		pool.Close()
-		return nil, err
+		return nil, classify(err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Store{pool: pool, db: stdlib.OpenDBFromPool(pool), limiter: limiter, obs: opt.Observer, log: opt.Logger, cancel: cancel}
+	s := &Store{pool: pool, side: side, db: stdlib.OpenDBFromPool(pool), limiter: &Limiter{pool: side, log: opt.Logger},
+		obs: opt.Observer, log: opt.Logger, cancel: cancel}
 	s.read = &sqlstore.Queries{Q: s.db, D: dialect{}}
-	s.notifier = newNotifier(pool, cfg.ConnConfig, opt.Logger)
+	s.notifier = newNotifier(side, cfg.ConnConfig, opt.Logger)
 	key := opt.LeaderLockKey
 	if key == "" {
 		key = DefaultLeaderLockKey
@@ -300,7 +306,7 @@ func (s *Store) Close() error {
 		s.cancel()
 		s.workers.Wait()
 		err = s.db.Close()
-		s.limiter.close()
+		s.side.Close()
 		s.pool.Close()
 	})
 	return err

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	"github.com/rebuno/rebuno/internal/store"
@@ -11,9 +12,11 @@ import (
 )
 
 // openAt opens a store on url, closed when the test ends.
-func openAt(t *testing.T, url string, mod ...func(*postgres.Options)) *postgres.Store {
+func openAt(t testing.TB, url string, mod ...func(*postgres.Options)) *postgres.Store {
 	t.Helper()
-	opt := postgres.Options{URL: url, Migrate: true, MaxConns: 12}
+	// The stores' logs (leadership, reconnections) would interleave with
+	// benchmark results; the tests assert what matters in them.
+	opt := postgres.Options{URL: url, Migrate: true, MaxConns: 12, Logger: slog.New(slog.DiscardHandler)}
 	for _, m := range mod {
 		m(&opt)
 	}
