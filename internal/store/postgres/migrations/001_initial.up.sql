@@ -218,7 +218,8 @@ CREATE TABLE rate_buckets (
 ) WITH (fillfactor = 70);
 
 -- Server mode only: notifications too large for a NOTIFY payload travel
--- here, named by the notification, and are deleted soon after.
+-- here, named by the notification; senders delete rows older than a minute
+-- when they store new ones, so the table holds about a minute of them.
 CREATE TABLE notification_payloads (
   id TEXT COLLATE "C" PRIMARY KEY,
   data BYTEA NOT NULL,
