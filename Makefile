@@ -6,6 +6,9 @@ LDFLAGS := -X main.version=$(VERSION)
 BIN := bin
 PYTHON ?= python3
 COMPAT_VENV := tests/compat/.venv
+# Starts a throwaway PostgreSQL 15 cluster (installing postgresql-15 when its binaries are missing),
+# runs a command with REBUNO_TEST_POSTGRES_URL pointing at it, and stops it whatever the command does.
+PG_CLUSTER := tests/postgres/cluster.sh
 
 .PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade bench bench-long demo demo-go demo-ts fuzz clean
 
@@ -18,13 +21,16 @@ build:
 build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
-## test: every test — Go unit, store contract, black-box, the published-client compatibility suite,
-## the Python and TypeScript SDKs and the upgrade path from the published client to the Python SDK.
+## test: every test — Go unit, store contract on SQLite and Postgres, black-box (rebuno dev, and
+## rebuno server replicas on Postgres), the published-client compatibility suite, the Python and
+## TypeScript SDKs and the upgrade path from the published client to the Python SDK.
 test: test-go test-compat test-sdk test-ts test-upgrade
 
-test-go: build build-test demo demo-go
+## test-go: the Go tests, inside a throwaway Postgres cluster (see PG_CLUSTER). Under CI=true a
+## Postgres test that finds no cluster fails instead of skipping.
+test-go: build build-test demo demo-go $(COMPAT_VENV)/.installed
 	$(GO) vet ./...
-	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(GO) test -count=1 ./...
+	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(PG_CLUSTER) run $(GO) test -count=1 ./...
 
 $(COMPAT_VENV)/.installed: tests/compat/requirements.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)

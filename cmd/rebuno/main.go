@@ -30,7 +30,7 @@ func run(args []string) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(devCommand(), serverCommand(), versionCommand())
+	root.AddCommand(devCommand(), serverCommand(), migrateCommand(), versionCommand())
 	root.AddCommand(clientCommands()...)
 	root.SetArgs(args)
 	err := root.Execute()
@@ -60,18 +60,6 @@ func versionCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
 			fmt.Fprintf(cmd.OutOrStdout(), "rebuno %s\n", version)
-		},
-	}
-}
-
-func serverCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:                "server",
-		Short:              "Run the kernel on Postgres with many stateless replicas (not available yet)",
-		DisableFlagParsing: true,
-		RunE: func(*cobra.Command, []string) error {
-			return &configError{msg: "rebuno server needs the Postgres store, which this build does not include yet; " +
-				"run `rebuno dev` for the embedded, durable SQLite store"}
 		},
 	}
 }

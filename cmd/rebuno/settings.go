@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rebuno/rebuno/internal/store/postgres"
 	"github.com/spf13/pflag"
 )
 
@@ -41,13 +42,23 @@ type settings struct {
 	NoREPL               bool
 	AllowedHosts         []string
 	AllowedOrigins       []string
+
+	// Server mode (§24.3).
+	DBURL         string
+	DBMaxConns    int64
+	DBMinConns    int64
+	ReplicaID     string
+	LeaderLockKey string
+	Migrate       bool
 }
 
 // setting binds one flag and its variable to a parser.
 type setting struct {
 	flag, env, usage, def string
 	isBool                bool
-	parse                 func(string) error
+	// required settings must be given (flag or variable) and not be empty.
+	required bool
+	parse    func(string) error
 }
 
 // configError is a configuration mistake: exit code 2.
@@ -116,6 +127,16 @@ func text(dst *string) func(string) error {
 	return func(s string) error { *dst = s; return nil }
 }
 
+func nonEmpty(dst *string) func(string) error {
+	return func(s string) error {
+		if s == "" {
+			return fmt.Errorf("must not be empty")
+		}
+		*dst = s
+		return nil
+	}
+}
+
 // list parses a comma-separated list, dropping empty items.
 func list(dst *[]string) func(string) error {
 	return func(s string) error {
@@ -129,9 +150,62 @@ func list(dst *[]string) func(string) error {
 	}
 }
 
+// devSettings are the settings of `rebuno dev`.
 func (s *settings) devSettings() []setting {
+	return append(s.kernelSettings("127.0.0.1:8080", false),
+		setting{flag: "db", env: "REBUNO_DB", def: ".rebuno/rebuno.db", usage: "SQLite file (:memory: for a throwaway database)", parse: func(v string) error {
+			if v == "" {
+				return fmt.Errorf("must not be empty")
+			}
+			s.DB = v
+			return nil
+		}},
+		setting{flag: "no-repl", usage: "do not start the REPL", def: "false", isBool: true, parse: boolean(&s.NoREPL)},
+	)
+}
+
+// serverSettings are the settings of `rebuno server`.
+func (s *settings) serverSettings() []setting {
+	host, _ := os.Hostname()
+	return append(s.kernelSettings(":8080", true), s.databaseURL(),
+		setting{flag: "db-max-conns", env: "REBUNO_DB_MAX_CONNS", def: "0", usage: fmt.Sprintf("database connections this replica may open, its LISTEN, leader and side connections included (0: %d; at least %d)", postgres.DefaultMaxConns, postgres.MinMaxConns), parse: func(v string) error {
+			if err := intAtLeast(&s.DBMaxConns, 0)(v); err != nil {
+				return err
+			}
+			if s.DBMaxConns != 0 && s.DBMaxConns < postgres.MinMaxConns {
+				return fmt.Errorf("must be 0 (automatic) or >= %d", postgres.MinMaxConns)
+			}
+			return nil
+		}},
+		setting{flag: "db-min-conns", env: "REBUNO_DB_MIN_CONNS", def: "0", usage: "pooled connections kept open while idle", parse: intAtLeast(&s.DBMinConns, 0)},
+		setting{flag: "replica-id", env: "REBUNO_REPLICA_ID", def: host, usage: "this replica's name, recorded on the dispatches it claims", parse: nonEmpty(&s.ReplicaID)},
+		setting{flag: "leader-lock-key", env: "REBUNO_LEADER_LOCK_KEY", def: postgres.DefaultLeaderLockKey, usage: "advisory lock the replicas elect their leader with", parse: nonEmpty(&s.LeaderLockKey)},
+		setting{flag: "migrate", env: "REBUNO_MIGRATE", def: "true", isBool: true, usage: "apply pending schema migrations at start (false: refuse to start unless `rebuno migrate` has)", parse: boolean(&s.Migrate)},
+	)
+}
+
+// migrateSettings are the settings of `rebuno migrate`.
+func (s *settings) migrateSettings() []setting { return []setting{s.databaseURL()} }
+
+func (s *settings) databaseURL() setting {
+	return setting{flag: "db-url", env: "REBUNO_DB_URL", required: true, usage: "Postgres database, postgres://user:password@host:port/database", parse: func(v string) error {
+		if !strings.HasPrefix(v, "postgres://") && !strings.HasPrefix(v, "postgresql://") {
+			return fmt.Errorf("must be a postgres:// URL")
+		}
+		s.DBURL = v
+		return nil
+	}}
+}
+
+// kernelSettings are the settings both kernel modes share; the listen
+// address defaults differ, and server mode requires a bearer token.
+func (s *settings) kernelSettings(listenAddr string, server bool) []setting {
+	token := "token clients must send; auth is off without one"
+	if server {
+		token = "token clients must send"
+	}
 	return []setting{
-		{flag: "listen-addr", env: "REBUNO_LISTEN_ADDR", def: "127.0.0.1:8080", usage: "host:port to listen on", parse: func(v string) error {
+		{flag: "listen-addr", env: "REBUNO_LISTEN_ADDR", def: listenAddr, usage: "host:port to listen on", parse: func(v string) error {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return fmt.Errorf("must be host:port")
 			}
@@ -141,17 +215,10 @@ func (s *settings) devSettings() []setting {
 		{flag: "log-level", env: "REBUNO_LOG_LEVEL", def: "info", usage: "debug, info, warn or error", parse: oneOf(&s.LogLevel, "debug", "info", "warn", "error")},
 		{flag: "log-format", env: "REBUNO_LOG_FORMAT", def: "text", usage: "text or json (to stderr)", parse: oneOf(&s.LogFormat, "text", "json")},
 		{flag: "config", env: "REBUNO_CONFIG", usage: "provisioning manifest (YAML)", parse: text(&s.Config)},
-		{flag: "bearer-token", env: "REBUNO_BEARER_TOKEN", usage: "token clients must send; auth is off without one", parse: text(&s.BearerToken)},
+		{flag: "bearer-token", env: "REBUNO_BEARER_TOKEN", required: server, usage: token, parse: text(&s.BearerToken)},
 		{flag: "require-v1-signatures", env: "REBUNO_REQUIRE_V1_SIGNATURES", def: "true", isBool: true, usage: "refuse legacy body-only agent signatures (false accepts them, for old agents)", parse: boolean(&s.RequireV1)},
 		{flag: "allowed-hosts", env: "REBUNO_ALLOWED_HOSTS", usage: "comma-separated host names requests may address besides localhost and IP addresses (* allows any)", parse: list(&s.AllowedHosts)},
 		{flag: "allowed-origins", env: "REBUNO_ALLOWED_ORIGINS", usage: "comma-separated browser origins (scheme://host[:port]) allowed to make changes", parse: list(&s.AllowedOrigins)},
-		{flag: "db", env: "REBUNO_DB", def: ".rebuno/rebuno.db", usage: "SQLite file (:memory: for a throwaway database)", parse: func(v string) error {
-			if v == "" {
-				return fmt.Errorf("must not be empty")
-			}
-			s.DB = v
-			return nil
-		}},
 		{flag: "dispatch-max-attempts", env: "REBUNO_DISPATCH_MAX_ATTEMPTS", def: "5", usage: "deliveries without progress before an execution fails", parse: intAtLeast(&s.DispatchMaxAttempts, 1)},
 		{flag: "dispatch-timeout", env: "REBUNO_DISPATCH_TIMEOUT", def: "30s", usage: "bound on one webhook delivery", parse: durationAtLeast(&s.DispatchTimeout, 0, true)},
 		{flag: "dispatch-concurrency", env: "REBUNO_DISPATCH_CONCURRENCY", def: "64", usage: "deliveries in flight at once", parse: intAtLeast(&s.DispatchConcurrency, 1)},
@@ -168,7 +235,6 @@ func (s *settings) devSettings() []setting {
 		{flag: "max-steps-per-execution", env: "REBUNO_MAX_STEPS_PER_EXECUTION", def: "100000", usage: "steps one execution may record", parse: intAtLeast(&s.MaxSteps, 1)},
 		{flag: "max-execution-bytes", env: "REBUNO_MAX_EXECUTION_BYTES", def: "1073741824", usage: "bytes one execution may store", parse: intAtLeast(&s.MaxExecutionBytes, 1)},
 		{flag: "shutdown-timeout", env: "REBUNO_SHUTDOWN_TIMEOUT", def: "10s", usage: "grace for in-flight requests at shutdown", parse: durationAtLeast(&s.ShutdownTimeout, 0, true)},
-		{flag: "no-repl", usage: "do not start the REPL", def: "false", isBool: true, parse: boolean(&s.NoREPL)},
 	}
 }
 
@@ -186,23 +252,34 @@ func register(fs *pflag.FlagSet, list []setting) {
 	}
 }
 
-// resolve applies flag > environment > default to every setting, then the
-// rules that relate settings to each other.
+// resolve applies flag > environment > default to every setting; every
+// required one that is missing is named in one error.
 func (s *settings) resolve(fs *pflag.FlagSet, list []setting) error {
+	var missing []string
 	for _, st := range list {
-		val, source := st.def, ""
+		val := st.def
 		if env, ok := os.LookupEnv(st.env); ok && st.env != "" {
-			val, source = env, "env"
+			val = env
 		}
 		if fs.Changed(st.flag) {
 			val, _ = fs.GetString(st.flag)
-			source = "flag"
 		}
-		_ = source
+		if st.required && val == "" {
+			missing = append(missing, "--"+st.flag+" ("+st.env+")")
+			continue
+		}
 		if err := st.parse(val); err != nil {
 			return &configError{msg: fmt.Sprintf("invalid %s: %v", name(st), err)}
 		}
 	}
+	if len(missing) > 0 {
+		return &configError{msg: "missing required settings: " + strings.Join(missing, ", ")}
+	}
+	return nil
+}
+
+// check applies the rules that relate a kernel's settings to each other.
+func (s *settings) check() error {
 	if s.BackoffBase > s.BackoffMax {
 		return &configError{msg: "invalid REBUNO_DISPATCH_BACKOFF_BASE (--dispatch-backoff-base): must be <= --dispatch-backoff-max"}
 	}
@@ -220,6 +297,9 @@ func (s *settings) resolve(fs *pflag.FlagSet, list []setting) error {
 	}
 	if s.MaxExecutionBytes < s.MaxBodyBytes {
 		return &configError{msg: "invalid REBUNO_MAX_EXECUTION_BYTES (--max-execution-bytes): must be >= --max-body-bytes"}
+	}
+	if pooled := postgres.PoolSize(int(s.DBMaxConns)); s.DBMinConns > int64(pooled) {
+		return &configError{msg: fmt.Sprintf("invalid REBUNO_DB_MIN_CONNS (--db-min-conns): must be <= %d, the pooled share of --db-max-conns", pooled)}
 	}
 	return nil
 }

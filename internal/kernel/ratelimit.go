@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rebuno/rebuno/internal/policy"
+	"github.com/rebuno/rebuno/internal/store"
 )
 
 // Limiter answers rate-limit checks (§20). Check takes one token from the
@@ -18,8 +19,9 @@ type Limiter interface {
 	Check(key string, maxCalls int64, window time.Duration, now time.Time) (ok bool, retryAfter time.Duration, err error)
 }
 
-// ErrLimiterTimeout is the limiter exceeding its 250 ms budget.
-var ErrLimiterTimeout = errors.New("rate limiter exceeded its time budget")
+// ErrLimiterTimeout is the limiter exceeding its 250 ms budget. The store
+// defines it, so that a limiter kept in the store returns the same error.
+var ErrLimiterTimeout = store.ErrLimiterTimeout
 
 // bucketKey names the bucket of a rule for a step (§20): per execution, per
 // agent, or global — keyed by the rule's parameters so that one agent's
@@ -85,10 +87,7 @@ func (l *MemoryLimiter) Check(key string, maxCalls int64, window time.Duration, 
 		b.tokens--
 		return true, 0, nil
 	}
-	// Round to the clock's nanoseconds before rounding up to milliseconds, so
-	// that float noise (20000.000000000004) does not add a millisecond.
-	wait := time.Duration(math.Round((1 - b.tokens) / rate * 1e9))
-	return false, (wait + time.Millisecond - 1).Truncate(time.Millisecond), nil
+	return false, store.TokenWait(b.tokens, maxCalls, window), nil
 }
 
 // sweep drops buckets untouched for longer than their window: they would be

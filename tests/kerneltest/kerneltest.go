@@ -65,7 +65,12 @@ func Binary(tb testing.TB) string {
 type Options struct {
 	// DB is the database file; empty means a fresh file in a temp dir.
 	DB string
-	// Args are extra flags for `rebuno dev`.
+	// DBURL, when set, starts `rebuno server` on this Postgres database
+	// instead of `rebuno dev` (Token is then required); ReplicaID names the
+	// replica.
+	DBURL     string
+	ReplicaID string
+	// Args are extra flags for `rebuno dev` (or `rebuno server`).
 	Args []string
 	// Env are extra environment variables (NAME=value).
 	Env []string
@@ -92,7 +97,7 @@ var urlLine = regexp.MustCompile(`url:\s+http://(\S+)`)
 // Start launches `rebuno dev` and waits until it is ready.
 func Start(tb testing.TB, opt Options) *Kernel {
 	tb.Helper()
-	if opt.DB == "" {
+	if opt.DB == "" && opt.DBURL == "" {
 		opt.DB = filepath.Join(tb.TempDir(), "rebuno.db")
 	}
 	k := &Kernel{tb: tb, opt: opt, addr: "127.0.0.1:0", HTTP: &http.Client{Timeout: 30 * time.Second}}
@@ -103,7 +108,14 @@ func Start(tb testing.TB, opt Options) *Kernel {
 
 func (k *Kernel) start() {
 	k.tb.Helper()
-	args := append([]string{"dev", "--db", k.opt.DB, "--listen-addr", k.addr, "--no-repl"}, k.opt.Args...)
+	args := []string{"dev", "--db", k.opt.DB, "--listen-addr", k.addr, "--no-repl"}
+	if k.opt.DBURL != "" {
+		args = []string{"server", "--db-url", k.opt.DBURL, "--listen-addr", k.addr}
+		if k.opt.ReplicaID != "" {
+			args = append(args, "--replica-id", k.opt.ReplicaID)
+		}
+	}
+	args = append(args, k.opt.Args...)
 	if k.opt.Token != "" {
 		args = append(args, "--bearer-token", k.opt.Token)
 	}
@@ -428,6 +440,12 @@ func (k *Kernel) NewAgent(id string, extra string) *Agent {
 	a.URL = "http://" + ln.Addr().String() + "/webhook"
 	a.Register(extra)
 	return a
+}
+
+// Via returns the agent making its requests to another kernel process (a
+// replica of the same database), sharing its webhook receiver.
+func (a *Agent) Via(k *Kernel) *Agent {
+	return &Agent{k: k, ID: a.ID, Secret: a.Secret, Webhooks: a.Webhooks, status: a.status, srv: a.srv, URL: a.URL}
 }
 
 // Register (re-)registers the agent with the kernel.

@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -114,11 +113,16 @@ type job struct {
 	err  error
 }
 
+// dialect is SQLite's side of the SQL seam. One writer runs at a time, so
+// transactions need no locks; the writer wraps failures of its own
+// transaction in store.ErrUnavailable (runBatch), which is where SQLite's
+// I/O errors surface.
 type dialect struct{}
 
-func (dialect) Rebind(q string) string   { return q }
-func (dialect) LockSuffix() string       { return "" }
-func (dialect) SkipLockedSuffix() string { return "" }
+func (dialect) Rebind(q string) string          { return q }
+func (dialect) RowLock(sqlstore.RowLock) string { return "" }
+func (dialect) KeyLock() string                 { return "" }
+func (dialect) Classify(err error) error        { return err }
 
 // IndexedBy uses SQLite's own clause, which also refuses to prepare a query
 // that cannot use the index: a mistake shows up as an error, not as a scan.
@@ -409,7 +413,7 @@ func (s *Store) runBatch(ctx context.Context, conn *sql.Conn, q *stmtCache, batc
 			}
 		}
 		tx := sqlstore.NewCachedTx(q, dialect{}, s.rows)
-		err := runUnit(ctx, j.fn, tx)
+		err := sqlstore.RunUnit(ctx, j.fn, tx)
 		if err != nil {
 			s.forgetRows() // its writes are undone
 		}
@@ -533,17 +537,6 @@ func walPagesWritten(conn *sql.Conn) int {
 		return nil
 	})
 	return n
-}
-
-// runUnit runs one caller's function, turning a panic into an error so that a
-// bug in one request cannot take down the writer every request depends on.
-func runUnit(ctx context.Context, fn func(context.Context, store.Tx) error, tx store.Tx) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic in transaction: %v\n%s", r, debug.Stack())
-		}
-	}()
-	return fn(ctx, tx)
 }
 
 // Close stops the writer after the transactions already queued and closes the

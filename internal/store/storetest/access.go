@@ -11,6 +11,12 @@ import (
 
 // ---- access: API keys, the audit log, sessions, settings ----
 
+var accessScenarios = []scenario{
+	{"APIKeys", testAPIKeys},
+	{"AuditLog", testAuditLog},
+	{"SessionsAndSettings", testSessionsAndSettings},
+}
+
 func testAPIKeys(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	k := &store.APIKey{Name: "alice", Role: "approver", Hash: "h-alice", CreatedAt: at(time.Second), CreatedBy: "bootstrap",
