@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rebuno.signing import sign_legacy, sign_v1, v1_message, verify_webhook
+from rebuno.signing import sign_legacy, sign_occurrence, sign_v1, v1_message, verify_webhook
 
 SECRET = "test-secret"
 EXEC_PATH = "/v0/executions/018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
@@ -33,6 +33,15 @@ def test_vector_3_heartbeat_without_attempt() -> None:
     assert len(v1_message("POST", target, "1700000000", DISPATCH, None, b"")) == 134
     assert sign_v1(SECRET, "POST", target, "1700000000", DISPATCH, None, b"") == \
         "v1=50126b8835e31c9fbe34b4170efb611d85a8595d1e0dc74cd5abc4bb13980731"
+
+
+def test_occurrence_signature_vectors() -> None:
+    secret = "s3cret-agent-key"
+    request_signature = "v1=50126b8835e31c9fbe34b4170efb611d85a8595d1e0dc74cd5abc4bb13980731"
+    assert sign_occurrence(secret, request_signature, "0") == \
+        "v1=c6884bbf6fcc8941aeac42d932b31cfdb1c369d7fee69e13bc887b6c313ef6c8"
+    assert sign_occurrence(secret, request_signature, "7") == \
+        "v1=7eb262dd2b0b6db488386364a4d0ce8e8c0c8b517048fb10f62eb32d58b86a60"
 
 
 def test_verify_webhook() -> None:

@@ -2,9 +2,11 @@
 
 Every request is signed with a fresh `v1` signature. Requests made for a
 dispatch carry `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` (mutations
-only: the kernel ignores them on reads). Transport failures are retried as
-§8.8 says, until a whole lease has passed since the last renewal; then the
-attempt is abandoned (`Terminated("abandoned")`) without reporting anything.
+only: the kernel ignores them on reads); a submit also carries its step
+occurrence, bound to the request by its own signature. Transport failures
+are retried as §8.8 says, until a whole lease has passed since the last
+renewal; then the attempt is abandoned (`Terminated("abandoned")`) without
+reporting anything.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import httpx2
 
 from .errors import APIError, Terminated, api_error
-from .signing import sign_v1
+from .signing import sign_occurrence, sign_v1
 from .types import Decision, Execution, Resource
 
 __all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
@@ -132,8 +134,11 @@ class KernelClient:
                 headers["Rebuno-Step-Occurrence"] = str(occurrence)
         req = self._http().build_request(method, path, content=body, headers=headers)
         target = req.url.raw_path.decode("ascii")
-        req.headers["Rebuno-Signature"] = sign_v1(
-            self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
+        signature = sign_v1(self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
+        req.headers["Rebuno-Signature"] = signature
+        if "Rebuno-Step-Occurrence" in headers:
+            req.headers["Rebuno-Occurrence-Signature"] = sign_occurrence(
+                self._secret, signature, headers["Rebuno-Step-Occurrence"])
         return req
 
     async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,
