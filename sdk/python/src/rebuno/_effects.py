@@ -24,11 +24,11 @@ import json
 import logging
 from typing import Any, Awaitable, Callable, Sequence
 
-from .errors import Blocked, PolicyError, RateLimited, Terminated, ToolError
+from .errors import REFUSING_DECISIONS, Blocked, Terminated, ToolError
 from .execution import ExecutionContext, _step, require_context
 from .identity import canonical_json
 from .resources import StepGuard, valid_resource_key
-from .types import Decision
+from .types import Decision, DecisionKind
 
 log = logging.getLogger("rebuno")
 
@@ -116,21 +116,13 @@ def _error_json(exc: BaseException) -> str:
 
 def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> Any:
     """Return or raise the outcome of a decision other than `proceed`."""
-    d = decision.decision
-    if d == "replay":
+    if decision.decision == DecisionKind.REPLAY:
         if decision.has_error:
             raise ToolError(target, error_message(decision.error), error=decision.error, step_id=decision.step_id)
         return decision.result
-    if d == "denied":
-        raise PolicyError(decision.reason or "policy_denied", rule_id=decision.rule_id, step_id=decision.step_id)
-    if d == "rate_limited":
-        raise RateLimited(decision.reason or "rate_limit_exceeded", retry_after_ms=decision.retry_after_ms,
-                          rule_id=decision.rule_id)
-    if d == "execution_terminal":
-        raise ctx.record_signal(Terminated("execution_terminal"))
-    if d in ("blocked", "execution_blocked"):
-        raise ctx.record_signal(Blocked(approval_id=decision.approval_id, step_id=decision.step_id))
-    raise ToolError(target, f"unexpected decision {d!r} from the kernel")
+    if decision.decision in REFUSING_DECISIONS:
+        raise ctx.refused(decision)
+    raise ToolError(target, f"unexpected decision {decision.decision!r} from the kernel")
 
 
 async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str,
@@ -144,9 +136,9 @@ async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded:
                                                  value_json=value_json, captures=caps, capture_failures=failures)
     except Terminated as t:
         raise ctx.terminated(t) from None
-    if decision.decision == "recorded":
+    if decision.decision == DecisionKind.RECORDED:
         return None
-    if decision.decision == "replay":
+    if decision.decision == DecisionKind.REPLAY:
         return decision
     return decision_outcome(ctx, target, decision)
 
@@ -168,7 +160,7 @@ async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Await
 async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target: str, args: Any,
                       body: Callable[[], Awaitable[Any]], idempotency: str, what: str) -> Any:
     decision = await ctx.submit(kind, target, canonical_json(args), idempotency, list(guard.declared))
-    if decision.decision != "proceed":
+    if decision.decision != DecisionKind.PROCEED:
         return decision_outcome(ctx, target, decision)
     step_id = decision.step_id or ""
     guard.started(decision)

@@ -24,7 +24,7 @@ import httpx2
 
 from .errors import APIError, Terminated, api_error
 from .signing import sign_occurrence, sign_v1
-from .types import Decision, Execution, Resource
+from .types import Decision, DecisionKind, Execution, Resource
 
 __all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
 
@@ -209,7 +209,7 @@ class KernelClient:
         decision = Decision.from_json(resp.json())
         if decision.step_id is not None and lease.occurrence_supported is None:
             lease.occurrence_supported = resp.headers.get("Rebuno-Step-Occurrence") is not None
-        if decision.decision != "execution_terminal":
+        if decision.decision != DecisionKind.EXECUTION_TERMINAL:
             lease.clock.renewed(resp.sent_at)
         return decision
 
@@ -230,7 +230,7 @@ class KernelClient:
         if not resp.ok:
             raise api_error(resp.status, resp.body)
         decision = Decision.from_json(resp.json())
-        if decision.decision == "recorded":
+        if decision.decision == DecisionKind.RECORDED:
             lease.clock.renewed(resp.sent_at)
         return decision
 

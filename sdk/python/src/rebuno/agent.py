@@ -35,7 +35,7 @@ from ._dispatch import DispatchKey, DispatchTracker
 from ._effects import encode_result
 from ._kernel import KernelClient, Lease, LeaseClock
 from ._webhook import DEFAULT_LEASE_TIMEOUT, Refused, receive
-from .errors import (APIError, Blocked, PolicyError, RateLimited, RebunoError, Terminated, ToolError,
+from .errors import (APIError, PolicyError, RateLimited, RebunoError, Terminated, ToolError, is_signal,
                      raise_for_refusal)
 from .execution import ExecutionContext, _reset, _set
 from .resources import completion_captures
@@ -62,7 +62,7 @@ def supersede_wait(lease_timeout_seconds: float) -> float:
 def failure_reason(exc: BaseException) -> str | None:
     """The execution's failure reason for an exception escaping the handler,
     or None for a control-flow signal (the kernel's state stands)."""
-    if isinstance(exc, (Blocked, Terminated)):
+    if is_signal(exc):
         return None
     if isinstance(exc, PolicyError):
         return f"policy_denied: {exc.reason}"
