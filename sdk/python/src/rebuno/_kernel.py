@@ -15,13 +15,13 @@ import asyncio
 import enum
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 
+from ._backoff import Backoff
 from .errors import APIError, Terminated, api_error
 from .signing import sign_occurrence, sign_v1
 from .types import Decision, DecisionKind, Execution, Resource
@@ -30,8 +30,6 @@ __all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
 
 log = logging.getLogger("rebuno")
 
-BACKOFF_START = 0.1
-BACKOFF_MAX = 5.0
 # Retry budget of requests made outside any dispatch (metadata at start-up).
 NO_LEASE_BUDGET = 10.0
 
@@ -149,7 +147,7 @@ class KernelClient:
         `Terminated("lease_superseded")`, and `503`, which is retried.
         Raises `Terminated("abandoned")` when retrying must stop.
         """
-        delay = BACKOFF_START
+        backoff = Backoff()
         started = time.monotonic()
         while True:
             sent_at = time.monotonic()
@@ -187,11 +185,9 @@ class KernelClient:
             if remaining <= 0:
                 log.warning("rebuno: kernel unreachable for a whole lease (%s); abandoning the attempt", failure)
                 raise Terminated("abandoned") from failure
-            # Jittered exponential backoff; the last try happens at the deadline.
-            wait = min(BACKOFF_MAX, delay * (0.5 + random.random() / 2), remaining)
+            wait = min(backoff.next(), remaining)  # the last try happens at the deadline
             log.info("rebuno: %s %s failed (%s); retrying in %.2fs", method, path, failure, wait)
             await asyncio.sleep(wait)
-            delay = min(BACKOFF_MAX, delay * 2)
 
     # --------------------------------------------------------------- routes
 
