@@ -12,7 +12,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 
 from rebuno import (APIError, Blocked, Client, ConflictError, Decision, DecisionKind, ExecutionTerminalError,
                     LeaseSupersededError, NotFoundError, PolicyError, RateLimited, Terminated, UnavailableError,
-                    ValidationError)
+                    UnsupportedMediaTypeError, ValidationError)
 from rebuno.client import _SSE
 from rebuno.errors import REFUSING_DECISIONS, api_error, decision_error, refusal_error
 from rebuno.mcp import McpToolError, mcp_result_value, wrap_mcp_tool
@@ -34,6 +34,10 @@ def test_api_error_mapping() -> None:
     assert isinstance(e, UnavailableError) and e.code == "unavailable" and "bad gateway" in e.message
     e = api_error(418, b"")
     assert type(e) is APIError and e.message == "HTTP 418"
+    e = api_error(415, b'{"code":"unsupported_media_type","message":"body must be application/json"}')
+    assert isinstance(e, UnsupportedMediaTypeError) and e.status == 415
+    assert isinstance(api_error(415, b""), UnsupportedMediaTypeError)
+    assert type(api_error(409, b"")) is ConflictError  # a 409 without a code
 
 
 async def test_client_requests() -> None:

@@ -35,6 +35,7 @@ from .errors import (
     ToolError,
     UnauthorizedError,
     UnavailableError,
+    UnsupportedMediaTypeError,
     ValidationError,
     raise_for_refusal,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "ExecutionTerminalError",
     "LeaseSupersededError",
     "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
     "InternalServerError",
     "UnavailableError",
     "Execution",

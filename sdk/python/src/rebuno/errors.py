@@ -37,6 +37,7 @@ __all__ = [
     "ExecutionTerminalError",
     "LeaseSupersededError",
     "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
     "InternalServerError",
     "UnavailableError",
     "raise_for_refusal",
@@ -135,6 +136,7 @@ class APIError(RebunoError):
     """A non-2xx answer from the kernel, mapped from the envelope's `code`."""
 
     code: str = ""
+    status: int = 0  # the status the kernel answers this code with
 
     def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
@@ -145,63 +147,63 @@ class APIError(RebunoError):
 
 
 class ValidationError(APIError):
-    code = "validation_error"
+    code, status = "validation_error", 400
 
 
 class UnauthorizedError(APIError):
-    code = "unauthorized"
+    code, status = "unauthorized", 401
 
 
 class ForbiddenError(APIError):
-    code = "forbidden"
+    code, status = "forbidden", 403
 
 
 class NotFoundError(APIError):
-    code = "not_found"
+    code, status = "not_found", 404
 
 
 class MethodNotAllowedError(APIError):
-    code = "method_not_allowed"
+    code, status = "method_not_allowed", 405
 
 
 class ConflictError(APIError):
-    code = "conflict"
+    code, status = "conflict", 409
 
 
 class ExecutionTerminalError(APIError):
-    code = "execution_terminal"
+    code, status = "execution_terminal", 409
 
 
 class LeaseSupersededError(APIError):
-    code = "lease_superseded"
+    code, status = "lease_superseded", 409
 
 
 class PayloadTooLargeError(APIError):
-    code = "payload_too_large"
+    code, status = "payload_too_large", 413
+
+
+class UnsupportedMediaTypeError(APIError):
+    """A body sent without `Content-Type: application/json` (the SDK always sends it)."""
+
+    code, status = "unsupported_media_type", 415
 
 
 class InternalServerError(APIError):
-    code = "internal_error"
+    code, status = "internal_error", 500
 
 
 class UnavailableError(APIError):
-    code = "unavailable"
+    code, status = "unavailable", 503
 
 
-_BY_CODE: dict[str, type[APIError]] = {
-    cls.code: cls
-    for cls in (
-        ValidationError, UnauthorizedError, ForbiddenError, NotFoundError, MethodNotAllowedError,
-        ConflictError, ExecutionTerminalError, LeaseSupersededError, PayloadTooLargeError,
-        InternalServerError, UnavailableError,
-    )
-}
-
-_BY_STATUS: dict[int, type[APIError]] = {
-    400: ValidationError, 401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError,
-    405: MethodNotAllowedError, 409: ConflictError, 413: PayloadTooLargeError,
-    500: InternalServerError, 503: UnavailableError,
-}
+_API_ERRORS: tuple[type[APIError], ...] = (
+    ValidationError, UnauthorizedError, ForbiddenError, NotFoundError, MethodNotAllowedError, ConflictError,
+    ExecutionTerminalError, LeaseSupersededError, PayloadTooLargeError, UnsupportedMediaTypeError,
+    InternalServerError, UnavailableError,
+)
+_BY_CODE = {cls.code: cls for cls in _API_ERRORS}
+# Several codes share 409; `conflict` is the class of a 409 without a code.
+_BY_STATUS = {cls.status: cls for cls in reversed(_API_ERRORS)}
 
 
 def api_error(status: int, body: bytes) -> APIError:
