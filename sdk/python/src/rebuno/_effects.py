@@ -19,7 +19,6 @@ returns the decoded copy, so a live run and its replays see identical values.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 from typing import Any, Awaitable, Callable, Sequence
@@ -32,7 +31,8 @@ from .types import Decision, DecisionKind
 
 log = logging.getLogger("rebuno")
 
-__all__ = ["run_effect", "encode_result", "error_message", "validate_resources", "validate_idempotency"]
+__all__ = ["run_effect", "encode_result", "error_message", "step_error", "step_error_json", "validate_resources",
+           "validate_idempotency"]
 
 CANCELLED_ERROR = '{"message":"cancelled after start","type":"cancelled"}'
 
@@ -110,8 +110,15 @@ def error_message(error: Any) -> str:
     return json.dumps(error, ensure_ascii=False, separators=(",", ":"))
 
 
-def _error_json(exc: BaseException) -> str:
-    return json.dumps({"message": str(exc), "type": type(exc).__name__}, ensure_ascii=True, separators=(",", ":"))
+def step_error(exc: BaseException) -> dict[str, str]:
+    """The recorded error of a step whose body raised `exc`."""
+    return {"message": str(exc), "type": type(exc).__name__}
+
+
+def step_error_json(exc: BaseException) -> str:
+    """`step_error` as the JSON text of a `fail` (ASCII, so that a lone
+    surrogate in a message cannot break the UTF-8 body)."""
+    return json.dumps(step_error(exc), ensure_ascii=True, separators=(",", ":"))
 
 
 def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> Any:
@@ -183,21 +190,19 @@ async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target
         if ctx.signal is not None:
             raise ctx.signal from exc
         caps = await guard.captures(label)
-        stored = await report(ctx, target, step_id, succeeded=False, value_json=_error_json(exc), captures=caps)
+        stored = await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(exc), captures=caps)
         if isinstance(stored, Decision):
             return decision_outcome(ctx, target, stored)
-        raise ToolError(target, str(exc), error={"message": str(exc), "type": type(exc).__name__},
-                        step_id=step_id) from exc
+        raise ToolError(target, str(exc), error=step_error(exc), step_id=step_id) from exc
     finally:
         _step.reset(token)
     try:
         text = encode_result(value)
     except (TypeError, ValueError) as exc:
-        message = f"result is not JSON-serializable: {exc}"
+        unencodable = TypeError(f"result is not JSON-serializable: {exc}")
         caps = await guard.captures(label)
-        await report(ctx, target, step_id, succeeded=False,
-                     value_json=json.dumps({"message": message, "type": "TypeError"}), captures=caps)
-        raise ToolError(target, message, step_id=step_id) from exc
+        await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(unencodable), captures=caps)
+        raise ToolError(target, str(unencodable), step_id=step_id) from exc
     caps = await guard.captures(label)
     stored = await report(ctx, target, step_id, succeeded=True, value_json=text, captures=caps)
     if isinstance(stored, Decision):
@@ -213,10 +218,3 @@ async def _report_cancelled(ctx: ExecutionContext, target: str, step_id: str, gu
     except Exception as exc:  # the cancellation propagates whatever happens here
         log.warning("rebuno: could not record the cancellation of step %s (%s): %s", target, step_id, exc)
 
-
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a function; await its result when it is awaitable."""
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result

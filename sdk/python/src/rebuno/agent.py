@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ._binding import Binding, BindingError, bind_handler
+from ._callables import is_async_callable
 from ._dispatch import DispatchKey, DispatchTracker
 from ._effects import encode_result
 from ._kernel import KernelClient, Lease, LeaseClock
@@ -123,8 +124,7 @@ class Agent:
         """Attach the handler (an async function); returns it unchanged."""
         if not callable(handler):
             raise TypeError("the handler must be an async function")
-        if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
-                getattr(handler, "__call__", None)):
+        if not is_async_callable(handler):
             raise TypeError("the handler must be an async function (async def)")
         self._binding = bind_handler(handler)
         self._handler = handler

@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator
 
 import httpx2
 
-from ._effects import error_message, report
+from ._effects import error_message, report, step_error_json
 from .errors import Blocked, Terminated, ToolError, refusal_message
 from .execution import ExecutionContext, require_context
 from .identity import canonical_value, parse_json
@@ -211,8 +211,7 @@ class _TeeStream(httpx2.AsyncByteStream):
         if self._ctx.stopping:
             return
         if exc is not None:
-            value = json.dumps({"message": str(exc), "type": type(exc).__name__})
-            succeeded = False
+            value, succeeded = step_error_json(exc), False
         else:
             rec = _record(self._upstream.status_code, self._upstream.headers, b"".join(self._chunks))
             value, succeeded = json.dumps(rec, ensure_ascii=False, separators=(",", ":")), True
@@ -293,8 +292,7 @@ class RebunoTransport(httpx2.AsyncBaseTransport):
 
 async def _report_quietly(ctx: ExecutionContext, step_id: str, exc: BaseException) -> None:
     try:
-        await report(ctx, "llm_call", step_id, succeeded=False,
-                     value_json=json.dumps({"message": str(exc), "type": type(exc).__name__}))
+        await report(ctx, "llm_call", step_id, succeeded=False, value_json=step_error_json(exc))
     except Exception as e:
         log.warning("rebuno: could not record the failed LLM call %s: %s", step_id, e)
 
