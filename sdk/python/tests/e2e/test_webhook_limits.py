@@ -14,7 +14,7 @@ from typing import Iterable
 
 from rebuno._webhook import MAX_WEBHOOK_BODY_BYTES
 
-from .harness import AgentProcess, KernelProcess
+from .harness import KernelProcess, agent_process
 
 SECRET = "limits-secret-0123456789"
 MiB = 1 << 20
@@ -99,9 +99,9 @@ def _answer_length(data: bytes) -> int:
 
 
 async def test_unsigned_huge_bodies_are_refused_unread(kernel_proc: KernelProcess, tmp_path: Path) -> None:
-    agent = AgentProcess("crash", kernel_proc, "limits", SECRET, tmp_path / "markers")
+    agent = agent_process("crash", kernel_proc, "limits", SECRET, tmp_path / "markers")
     try:
-        url = await agent.ready()
+        url = await agent.webhook()
         port = int(url.split(":")[2].split("/")[0])
         json_type = {"Content-Type": "application/json"}
         # Warm up: an unsigned webhook within the limit is read, then refused as unsigned.
