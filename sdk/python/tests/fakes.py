@@ -18,7 +18,7 @@ import httpx2
 
 from rebuno import Agent
 from rebuno.identity import args_hash, canonical_text, step_id as make_step_id
-from rebuno.signing import sign_legacy, sign_v1
+from rebuno.signing import sign_legacy, sign_occurrence, sign_v1
 
 AGENT_ID = "unit-agent"
 SECRET = "unit-secret-0123456789"
@@ -145,6 +145,10 @@ class FakeKernel:
         want = sign_v1(self.secret, request.method, request.url.raw_path.decode(), ts,
                        request.headers.get("rebuno-dispatch-id"), request.headers.get("rebuno-dispatch-attempt"),
                        body)
+        occurrence = request.headers.get("rebuno-step-occurrence")
+        if occurrence is not None and request.headers.get("rebuno-occurrence-signature") != sign_occurrence(
+                self.secret, sig, occurrence):
+            return False  # an occurrence not bound to this request
         return sig == want
 
     def _route(self, rec: Recorded) -> httpx2.Response:

@@ -10,10 +10,11 @@ import httpx2
 import pytest
 from mcp.types import CallToolResult, TextContent, Tool
 
-from rebuno import (APIError, Client, ConflictError, ExecutionTerminalError, LeaseSupersededError, NotFoundError,
-                    UnavailableError, ValidationError)
+from rebuno import (APIError, Blocked, Client, ConflictError, Decision, DecisionKind, ExecutionTerminalError,
+                    LeaseSupersededError, NotFoundError, PolicyError, RateLimited, Terminated, UnavailableError,
+                    UnsupportedMediaTypeError, ValidationError)
 from rebuno.client import _SSE
-from rebuno.errors import api_error
+from rebuno.errors import REFUSING_DECISIONS, api_error, decision_error, refusal_error
 from rebuno.mcp import McpToolError, mcp_result_value, wrap_mcp_tool
 
 EID = "018ff0a0-0000-7000-8000-000000000001"
@@ -33,6 +34,10 @@ def test_api_error_mapping() -> None:
     assert isinstance(e, UnavailableError) and e.code == "unavailable" and "bad gateway" in e.message
     e = api_error(418, b"")
     assert type(e) is APIError and e.message == "HTTP 418"
+    e = api_error(415, b'{"code":"unsupported_media_type","message":"body must be application/json"}')
+    assert isinstance(e, UnsupportedMediaTypeError) and e.status == 415
+    assert isinstance(api_error(415, b""), UnsupportedMediaTypeError)
+    assert type(api_error(409, b"")) is ConflictError  # a 409 without a code
 
 
 async def test_client_requests() -> None:
@@ -67,6 +72,33 @@ async def test_client_requests() -> None:
     assert "cursor" not in seen[0].url.params
     assert json.loads(seen[1].content) == {"decided_by": "alice"}
     assert seen[2].url.params["execution_id"] == EID
+
+
+def test_decision_values_are_a_str_enum() -> None:
+    d = Decision.from_json({"decision": "proceed", "step_id": "s"})
+    assert d.decision is DecisionKind.PROCEED and d.decision == "proceed"
+    assert d.model_dump(mode="json")["decision"] == "proceed"  # the wire value, unchanged
+    assert json.dumps({"d": d.decision}) == '{"d": "proceed"}'
+    assert {k.value for k in DecisionKind} == {"proceed", "replay", "denied", "rate_limited", "blocked",
+                                              "execution_blocked", "execution_terminal", "recorded"}
+    # A decision a newer kernel adds is kept as text rather than refused.
+    assert Decision.from_json({"decision": "pondering"}).decision == "pondering"
+
+
+def test_refusals_map_to_exceptions_in_one_place() -> None:
+    denied = decision_error(Decision.from_json({"decision": "denied", "step_id": "s", "reason": "no", "rule_id": "r"}))
+    assert isinstance(denied, PolicyError) and (denied.reason, denied.rule_id, denied.step_id) == ("no", "r", "s")
+    limited = decision_error(Decision.from_json({"decision": "rate_limited", "retry_after_ms": 5}))
+    assert isinstance(limited, RateLimited) and (limited.reason, limited.retry_after_ms) == ("rate_limit_exceeded", 5)
+    blocked = decision_error(Decision.from_json({"decision": "blocked", "step_id": "s", "approval_id": "a"}))
+    assert isinstance(blocked, Blocked) and (blocked.approval_id, blocked.step_id) == ("a", "s")
+    assert isinstance(decision_error(Decision.from_json({"decision": "execution_blocked"})), Blocked)
+    terminal = decision_error(Decision.from_json({"decision": "execution_terminal"}))
+    assert isinstance(terminal, Terminated) and terminal.reason == "execution_terminal"
+    superseded = refusal_error("lease_superseded")
+    assert isinstance(superseded, Terminated) and superseded.reason == "lease_superseded"
+    assert REFUSING_DECISIONS == {DecisionKind.DENIED, DecisionKind.RATE_LIMITED, DecisionKind.BLOCKED,
+                                  DecisionKind.EXECUTION_BLOCKED, DecisionKind.EXECUTION_TERMINAL}
 
 
 def test_sse_parser() -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from rebuno import CheckpointUnavailable
-from rebuno.drivers import LocalDirectory, LocalDirectoryHandle, local_directory
-from rebuno.drivers.local_directory import manifest_bytes
+from rebuno.drivers import LocalDirectory, LocalDirectoryHandle
+from rebuno.drivers.local_directory import capture, durable, manifest_bytes, restore
 
 from .vectors import load
 
@@ -153,12 +153,10 @@ async def test_unchanged_trees_share_a_ref_and_identical_files_are_stored_once(d
 
 async def test_a_same_size_change_is_seen_by_the_next_capture(driver: LocalDirectory,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from rebuno.drivers import local_directory
-
     h, _ = await driver.create()
     f = Path(h.path) / "a.txt"
     write(f, "aaaa")
-    monkeypatch.setattr(local_directory, "_RACY_NS", 0)  # cache every file written before the capture
+    monkeypatch.setattr(capture, "RACY_NS", 0)  # cache every file written before the capture
     first = await driver.checkpoint(h)
     assert "a.txt" in h._hashes
     old = 1_600_000_000
@@ -213,7 +211,7 @@ async def test_a_capture_writes_manifest_bytes_of_its_entries(driver: LocalDirec
         write(root / name, name)
     os.symlink("a/x", root / "l")
     (root / "e").mkdir()
-    monkeypatch.setattr(local_directory, "_RACY_NS", 0)  # cache every file, so the next capture reuses entries
+    monkeypatch.setattr(capture, "RACY_NS", 0)  # cache every file, so the next capture reuses entries
     refs = [await driver.checkpoint(h)]
     assert len(h._hashes) == 10
     refs.append(await driver.checkpoint(h))
@@ -239,15 +237,15 @@ async def test_a_capture_sees_an_object_deleted_from_the_store(driver: LocalDire
     for i in range(40):
         write(Path(h.path) / f"f{i:02d}", f"content {i}")
     # Everything counts as settled, so the first capture caches every file.
-    monkeypatch.setattr(local_directory, "_RACY_NS", -10**9)
+    monkeypatch.setattr(capture, "RACY_NS", -10**9)
     calls: list[str] = []
-    real_is_file = local_directory._is_file
+    real_is_file = capture.is_file
 
     def counting_is_file(path: str) -> bool:
         calls.append(path)
         return real_is_file(path)
 
-    monkeypatch.setattr(local_directory, "_is_file", counting_is_file)
+    monkeypatch.setattr(capture, "is_file", counting_is_file)
     ref = await driver.checkpoint(h)  # stores 40 objects
     assert len(h._hashes) == 40 and h._fans == {}  # the directories it stored into are looked at afresh
     # Put the directories' mtimes far back, so that a removal is bound to change them.
@@ -277,7 +275,7 @@ async def test_a_file_changed_while_captured_fails_the_capture(driver: LocalDire
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     h, _ = await driver.create()
     write(Path(h.path) / "a.txt", "before")
-    real_read = local_directory._read_upto
+    real_read = capture.read_upto
 
     def read_then_append(fd: int, limit: int) -> bytes:
         data = real_read(fd, limit)
@@ -285,7 +283,7 @@ async def test_a_file_changed_while_captured_fails_the_capture(driver: LocalDire
             f.write(b" and after")
         return data
 
-    monkeypatch.setattr(local_directory, "_read_upto", read_then_append)
+    monkeypatch.setattr(capture, "read_upto", read_then_append)
     with pytest.raises(ValueError, match="changed while it was captured"):
         await driver.checkpoint(h)
     assert os.listdir(driver.tmp) == [] and objects(driver) == [] and os.listdir(driver.snapshots) == []
@@ -296,7 +294,8 @@ async def test_a_file_changed_while_captured_fails_the_capture(driver: LocalDire
 
 
 async def test_files_larger_than_a_chunk(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local_directory, "_CHUNK", 64)  # stream files over 64 bytes, as above 1 MiB
+    for streaming in (capture, restore):  # files over 64 bytes are streamed, as above 1 MiB
+        monkeypatch.setattr(streaming, "CHUNK", 64)
     h, _ = await driver.create()
     big = bytes(range(256)) * 3
     write(Path(h.path) / "big.bin", big)
@@ -499,21 +498,21 @@ class Recorder:
         monkeypatch.setattr(os, "rename", rename)
         monkeypatch.setattr(os, "replace", replace)
         if syncfs is None:
-            monkeypatch.setattr(local_directory, "_syncfs", lambda: None)
+            monkeypatch.setattr(durable, "_syncfs", lambda: None)
         else:
             def recording_syncfs(fd: int) -> int:
                 self.events.append(("syncfs", fd_path(fd)))
                 self.snapshots.append(tree(fd_path(fd)))
                 return syncfs(fd)
 
-            monkeypatch.setattr(local_directory, "_syncfs", lambda: recording_syncfs)
+            monkeypatch.setattr(durable, "_syncfs", lambda: recording_syncfs)
 
     def index(self, kind: str, path: str) -> int:
         return self.events.index((kind, path))
 
 
 def real_or_no_syncfs(fd: int) -> int:
-    fn = local_directory._load_syncfs()
+    fn = durable._load_syncfs()
     return 0 if fn is None else fn(fd)
 
 
@@ -605,7 +604,7 @@ async def test_a_syncfs_error_fails_the_call(driver: LocalDirectory, monkeypatch
     for i in range(20):
         write(Path(h.path) / "new" / f"n{i}", f"new {i}")
     before = objects(driver)
-    monkeypatch.setattr(local_directory, "_syncfs", lambda: failing_syncfs(errno.EIO))
+    monkeypatch.setattr(durable, "_syncfs", lambda: failing_syncfs(errno.EIO))
     with pytest.raises(OSError, match="syncfs"):
         await driver.create(ref)
     with pytest.raises(OSError, match="syncfs"):
@@ -619,11 +618,11 @@ async def test_a_syncfs_error_fails_the_call(driver: LocalDirectory, monkeypatch
 
 async def test_a_refused_syncfs_falls_back_to_fsync(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     _h, ref, expected = await big_checkpoint(driver)
-    monkeypatch.setattr(local_directory, "_syncfs_refused", False)
-    monkeypatch.setattr(local_directory, "_load_syncfs", lambda: failing_syncfs(errno.ENOSYS))
+    monkeypatch.setattr(durable, "_syncfs_refused", False)
+    monkeypatch.setattr(durable, "_load_syncfs", lambda: failing_syncfs(errno.ENOSYS))
     restored, _ = await driver.create(ref)
     assert tree(restored.path) == expected
-    assert local_directory._syncfs_refused and local_directory._syncfs() is None
+    assert durable._syncfs_refused and durable._syncfs() is None
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o027, 0o077])
@@ -634,7 +633,7 @@ async def test_restored_modes_do_not_depend_on_the_umask(driver: LocalDirectory,
     old = os.umask(umask)
     try:
         if sys.platform.startswith("linux"):
-            assert local_directory._umask() == umask
+            assert restore._umask() == umask
         restored, _ = await driver.create(ref)
     finally:
         os.umask(old)
@@ -643,7 +642,7 @@ async def test_restored_modes_do_not_depend_on_the_umask(driver: LocalDirectory,
 
 async def test_an_unreadable_umask_still_restores_modes(driver: LocalDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     _h, ref, expected = await big_checkpoint(driver)
-    monkeypatch.setattr(local_directory, "_umask", lambda: None)
+    monkeypatch.setattr(restore, "_umask", lambda: None)
     old = os.umask(0o077)
     try:
         restored, _ = await driver.create(ref)
@@ -685,7 +684,7 @@ async def test_staged_workspaces_are_spread_over_the_disk(driver: LocalDirectory
     import fcntl
     import platform
 
-    numbers = local_directory._FS_IOC_FLAGS.get(platform.machine())
+    numbers = durable._FS_IOC_FLAGS.get(platform.machine())
     if numbers is None:
         pytest.skip("no FS_IOC_GETFLAGS number for this machine")
     await driver.create()
@@ -700,16 +699,16 @@ async def test_staged_workspaces_are_spread_over_the_disk(driver: LocalDirectory
         os.close(fd)
     probe = Path(driver.root) / "probe"
     probe.mkdir()
-    local_directory._spread_subdirectories(str(probe))
+    durable.spread_subdirectories(str(probe))
     fd = os.open(probe, os.O_RDONLY)
     try:
         probe_flags = array.array("i", [0])
         fcntl.ioctl(fd, numbers[0], probe_flags, True)
     finally:
         os.close(fd)
-    if not probe_flags[0] & local_directory._FS_TOPDIR_FL:
+    if not probe_flags[0] & durable._FS_TOPDIR_FL:
         pytest.skip("the filesystem does not keep FS_TOPDIR_FL")
-    assert flags[0] & local_directory._FS_TOPDIR_FL
+    assert flags[0] & durable._FS_TOPDIR_FL
 
 
 # --------------------------------------------------------------------- open

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rebuno.signing import sign_legacy, sign_v1, v1_message, verify_webhook
+from rebuno.signing import sign_legacy, sign_occurrence, sign_v1, v1_message, verify_webhook
 
 from .vectors import load
 
@@ -24,6 +24,11 @@ def test_request_vectors(case: dict[str, Any]) -> None:
     assert sign_v1(*args) == case["signature"]
     if "legacy_signature" in case:
         assert sign_legacy(case["secret"], body) == case["legacy_signature"]
+
+
+@pytest.mark.parametrize("case", SIGNATURES["occurrences"], ids=lambda c: "occurrence " + c["occurrence"])
+def test_occurrence_signature_vectors(case: dict[str, Any]) -> None:
+    assert sign_occurrence(case["secret"], case["request_signature"], case["occurrence"]) == case["signature"]
 
 
 def test_verify_webhook() -> None:

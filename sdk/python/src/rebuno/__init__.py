@@ -35,6 +35,7 @@ from .errors import (
     ToolError,
     UnauthorizedError,
     UnavailableError,
+    UnsupportedMediaTypeError,
     ValidationError,
     raise_for_refusal,
 )
@@ -43,8 +44,8 @@ from .http_client import RebunoTransport, http_client
 from .resources import CheckpointPolicy, ResourceDriver, resource
 from .step import step
 from .tool import tool, wrap_tool
-from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Decision, Event, Execution, ExecutionPage,
-                    Resource, ResourceCoverage, ResourceRanges, Step, StreamDelta)
+from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Decision, DecisionKind, Event, Execution,
+                    ExecutionPage, Resource, ResourceCoverage, ResourceRanges, Step, StreamDelta)
 
 __version__ = "0.1.0"
 
@@ -79,6 +80,7 @@ __all__ = [
     "ExecutionTerminalError",
     "LeaseSupersededError",
     "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
     "InternalServerError",
     "UnavailableError",
     "Execution",
@@ -88,6 +90,7 @@ __all__ = [
     "Approval",
     "AgentInfo",
     "Decision",
+    "DecisionKind",
     "StreamDelta",
     "Resource",
     "ResourceCoverage",

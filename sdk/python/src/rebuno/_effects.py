@@ -19,20 +19,20 @@ returns the decoded copy, so a live run and its replays see identical values.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 from typing import Any, Awaitable, Callable, Sequence
 
-from .errors import Blocked, PolicyError, RateLimited, Terminated, ToolError
+from .errors import REFUSING_DECISIONS, Blocked, Terminated, ToolError
 from .execution import ExecutionContext, _step, require_context
 from .identity import canonical_json
 from .resources import StepGuard, valid_resource_key
-from .types import Decision
+from .types import Decision, DecisionKind
 
 log = logging.getLogger("rebuno")
 
-__all__ = ["run_effect", "encode_result", "error_message", "validate_resources", "validate_idempotency"]
+__all__ = ["run_effect", "encode_result", "error_message", "step_error", "step_error_json", "validate_resources",
+           "validate_idempotency"]
 
 CANCELLED_ERROR = '{"message":"cancelled after start","type":"cancelled"}'
 
@@ -110,27 +110,26 @@ def error_message(error: Any) -> str:
     return json.dumps(error, ensure_ascii=False, separators=(",", ":"))
 
 
-def _error_json(exc: BaseException) -> str:
-    return json.dumps({"message": str(exc), "type": type(exc).__name__}, ensure_ascii=True, separators=(",", ":"))
+def step_error(exc: BaseException) -> dict[str, str]:
+    """The recorded error of a step whose body raised `exc`."""
+    return {"message": str(exc), "type": type(exc).__name__}
+
+
+def step_error_json(exc: BaseException) -> str:
+    """`step_error` as the JSON text of a `fail` (ASCII, so that a lone
+    surrogate in a message cannot break the UTF-8 body)."""
+    return json.dumps(step_error(exc), ensure_ascii=True, separators=(",", ":"))
 
 
 def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> Any:
     """Return or raise the outcome of a decision other than `proceed`."""
-    d = decision.decision
-    if d == "replay":
+    if decision.decision == DecisionKind.REPLAY:
         if decision.has_error:
             raise ToolError(target, error_message(decision.error), error=decision.error, step_id=decision.step_id)
         return decision.result
-    if d == "denied":
-        raise PolicyError(decision.reason or "policy_denied", rule_id=decision.rule_id, step_id=decision.step_id)
-    if d == "rate_limited":
-        raise RateLimited(decision.reason or "rate_limit_exceeded", retry_after_ms=decision.retry_after_ms,
-                          rule_id=decision.rule_id)
-    if d == "execution_terminal":
-        raise ctx.record_signal(Terminated("execution_terminal"))
-    if d in ("blocked", "execution_blocked"):
-        raise ctx.record_signal(Blocked(approval_id=decision.approval_id, step_id=decision.step_id))
-    raise ToolError(target, f"unexpected decision {d!r} from the kernel")
+    if decision.decision in REFUSING_DECISIONS:
+        raise ctx.refused(decision)
+    raise ToolError(target, f"unexpected decision {decision.decision!r} from the kernel")
 
 
 async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str,
@@ -144,9 +143,9 @@ async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded:
                                                  value_json=value_json, captures=caps, capture_failures=failures)
     except Terminated as t:
         raise ctx.terminated(t) from None
-    if decision.decision == "recorded":
+    if decision.decision == DecisionKind.RECORDED:
         return None
-    if decision.decision == "replay":
+    if decision.decision == DecisionKind.REPLAY:
         return decision
     return decision_outcome(ctx, target, decision)
 
@@ -168,7 +167,7 @@ async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Await
 async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target: str, args: Any,
                       body: Callable[[], Awaitable[Any]], idempotency: str, what: str) -> Any:
     decision = await ctx.submit(kind, target, canonical_json(args), idempotency, list(guard.declared))
-    if decision.decision != "proceed":
+    if decision.decision != DecisionKind.PROCEED:
         return decision_outcome(ctx, target, decision)
     step_id = decision.step_id or ""
     guard.started(decision)
@@ -191,21 +190,19 @@ async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target
         if ctx.signal is not None:
             raise ctx.signal from exc
         caps = await guard.captures(label)
-        stored = await report(ctx, target, step_id, succeeded=False, value_json=_error_json(exc), captures=caps)
+        stored = await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(exc), captures=caps)
         if isinstance(stored, Decision):
             return decision_outcome(ctx, target, stored)
-        raise ToolError(target, str(exc), error={"message": str(exc), "type": type(exc).__name__},
-                        step_id=step_id) from exc
+        raise ToolError(target, str(exc), error=step_error(exc), step_id=step_id) from exc
     finally:
         _step.reset(token)
     try:
         text = encode_result(value)
     except (TypeError, ValueError) as exc:
-        message = f"result is not JSON-serializable: {exc}"
+        unencodable = TypeError(f"result is not JSON-serializable: {exc}")
         caps = await guard.captures(label)
-        await report(ctx, target, step_id, succeeded=False,
-                     value_json=json.dumps({"message": message, "type": "TypeError"}), captures=caps)
-        raise ToolError(target, message, step_id=step_id) from exc
+        await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(unencodable), captures=caps)
+        raise ToolError(target, str(unencodable), step_id=step_id) from exc
     caps = await guard.captures(label)
     stored = await report(ctx, target, step_id, succeeded=True, value_json=text, captures=caps)
     if isinstance(stored, Decision):
@@ -221,10 +218,3 @@ async def _report_cancelled(ctx: ExecutionContext, target: str, step_id: str, gu
     except Exception as exc:  # the cancellation propagates whatever happens here
         log.warning("rebuno: could not record the cancellation of step %s (%s): %s", target, step_id, exc)
 
-
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a function; await its result when it is awaitable."""
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result

@@ -2,9 +2,11 @@
 
 Every request is signed with a fresh `v1` signature. Requests made for a
 dispatch carry `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` (mutations
-only: the kernel ignores them on reads). Transport failures are retried as
-§8.8 says, until a whole lease has passed since the last renewal; then the
-attempt is abandoned (`Terminated("abandoned")`) without reporting anything.
+only: the kernel ignores them on reads); a submit also carries its step
+occurrence, bound to the request by its own signature. Transport failures
+are retried as §8.8 says, until a whole lease has passed since the last
+renewal; then the attempt is abandoned (`Terminated("abandoned")`) without
+reporting anything.
 """
 
 from __future__ import annotations
@@ -13,23 +15,21 @@ import asyncio
 import enum
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 
-from .errors import APIError, Terminated, api_error
-from .signing import sign_v1
-from .types import Decision, Execution, Resource
+from ._backoff import Backoff
+from .errors import APIError, ExecutionTerminalError, LeaseSupersededError, Terminated, api_error
+from .signing import sign_occurrence, sign_v1
+from .types import Decision, DecisionKind, Execution, Resource
 
 __all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
 
 log = logging.getLogger("rebuno")
 
-BACKOFF_START = 0.1
-BACKOFF_MAX = 5.0
 # Retry budget of requests made outside any dispatch (metadata at start-up).
 NO_LEASE_BUDGET = 10.0
 
@@ -132,8 +132,11 @@ class KernelClient:
                 headers["Rebuno-Step-Occurrence"] = str(occurrence)
         req = self._http().build_request(method, path, content=body, headers=headers)
         target = req.url.raw_path.decode("ascii")
-        req.headers["Rebuno-Signature"] = sign_v1(
-            self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
+        signature = sign_v1(self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
+        req.headers["Rebuno-Signature"] = signature
+        if "Rebuno-Step-Occurrence" in headers:
+            req.headers["Rebuno-Occurrence-Signature"] = sign_occurrence(
+                self._secret, signature, headers["Rebuno-Step-Occurrence"])
         return req
 
     async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,
@@ -144,7 +147,7 @@ class KernelClient:
         `Terminated("lease_superseded")`, and `503`, which is retried.
         Raises `Terminated("abandoned")` when retrying must stop.
         """
-        delay = BACKOFF_START
+        backoff = Backoff()
         started = time.monotonic()
         while True:
             sent_at = time.monotonic()
@@ -161,7 +164,7 @@ class KernelClient:
             except httpx2.TransportError as e:
                 failure = e
             else:
-                if resp.status_code == 409 and _code(content) == "lease_superseded":
+                if resp.status_code == 409 and isinstance(api_error(409, content), LeaseSupersededError):
                     raise Terminated("lease_superseded")
                 if resp.status_code != 503:
                     return KernelResponse(resp.status_code, resp.headers, content, sent_at)
@@ -182,29 +185,25 @@ class KernelClient:
             if remaining <= 0:
                 log.warning("rebuno: kernel unreachable for a whole lease (%s); abandoning the attempt", failure)
                 raise Terminated("abandoned") from failure
-            # Jittered exponential backoff; the last try happens at the deadline.
-            wait = min(BACKOFF_MAX, delay * (0.5 + random.random() / 2), remaining)
+            wait = min(backoff.next(), remaining)  # the last try happens at the deadline
             log.info("rebuno: %s %s failed (%s); retrying in %.2fs", method, path, failure, wait)
             await asyncio.sleep(wait)
-            delay = min(BACKOFF_MAX, delay * 2)
 
     # --------------------------------------------------------------- routes
 
     async def get_execution(self, execution_id: str, lease: Lease | None) -> Execution:
         resp = await self.request("GET", f"/v0/executions/{execution_id}", lease=lease)
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+        _check(resp)
         return Execution.model_validate(resp.json())
 
     async def submit(self, execution_id: str, lease: Lease, body: bytes, occurrence: int) -> Decision:
         resp = await self.request("POST", f"/v0/executions/{execution_id}/steps", body=body, lease=lease,
                                   occurrence=occurrence, retry=Retry.SUBMIT)
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+        _check(resp)
         decision = Decision.from_json(resp.json())
         if decision.step_id is not None and lease.occurrence_supported is None:
             lease.occurrence_supported = resp.headers.get("Rebuno-Step-Occurrence") is not None
-        if decision.decision != "execution_terminal":
+        if decision.decision != DecisionKind.EXECUTION_TERMINAL:
             lease.clock.renewed(resp.sent_at)
         return decision
 
@@ -222,10 +221,9 @@ class KernelClient:
         body = (text + "}").encode("utf-8")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/{verb}", body=body,
                                   lease=lease)
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+        _check(resp)
         decision = Decision.from_json(resp.json())
-        if decision.decision == "recorded":
+        if decision.decision == DecisionKind.RECORDED:
             lease.clock.renewed(resp.sent_at)
         return decision
 
@@ -233,16 +231,11 @@ class KernelClient:
         body = json.dumps({"seq": seq, "data": data}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/stream", body=body,
                                   lease=lease, retry=Retry.NEVER)
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+        _check(resp)
 
     async def heartbeat(self, execution_id: str, lease: Lease) -> None:
         resp = await self.request("POST", f"/v0/executions/{execution_id}/heartbeat", lease=lease)
-        if resp.status == 409 and _code(resp.body) == "execution_terminal":
-            raise Terminated("execution_terminal")
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
-        lease.clock.renewed(resp.sent_at)
+        self._renewing(resp, lease)
 
     async def finish_execution(self, execution_id: str, lease: Lease, *, output_json: str | None = None,
                                reason: str | None = None) -> bool:
@@ -258,10 +251,10 @@ class KernelClient:
             path = "fail"
             body = json.dumps({"error": reason or ""}, ensure_ascii=False).encode("utf-8", "replace")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/{path}", body=body, lease=lease)
-        if resp.status == 409 and _code(resp.body) == "execution_terminal":
+        try:
+            _check(resp)
+        except ExecutionTerminalError:
             return False
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
         return True
 
     # ------------------------------------------------------ resources
@@ -272,14 +265,14 @@ class KernelClient:
         conflict` is raised as `ConflictError`."""
         resp = await self.request("POST", f"/v0/executions/{execution_id}/resources",
                                   body=_compact(registration).encode("utf-8"), lease=lease)
-        self._resource_answer(resp, lease)
+        self._renewing(resp, lease)
         return Resource.model_validate(resp.json())
 
     async def bind_resource(self, execution_id: str, lease: Lease, key: str, binding: Any) -> None:
         """Record the binding of a resource created in this dispatch."""
         resp = await self.request("POST", f"/v0/executions/{execution_id}/resources/{key}/binding",
                                   body=_compact({"binding": binding}).encode("utf-8"), lease=lease)
-        self._resource_answer(resp, lease)
+        self._renewing(resp, lease)
 
     async def publish_checkpoints(self, execution_id: str, lease: Lease, *, captures: list[dict[str, Any]],
                                   capture_failures: list[dict[str, Any]]) -> None:
@@ -291,14 +284,12 @@ class KernelClient:
             payload["capture_failures"] = capture_failures
         resp = await self.request("POST", f"/v0/executions/{execution_id}/resources/checkpoints",
                                   body=_compact(payload).encode("utf-8"), lease=lease)
-        self._resource_answer(resp, lease)
+        self._renewing(resp, lease)
 
     @staticmethod
-    def _resource_answer(resp: KernelResponse, lease: Lease) -> None:
-        if resp.status == 409 and _code(resp.body) == "execution_terminal":
-            raise Terminated("execution_terminal")
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+    def _renewing(resp: KernelResponse, lease: Lease) -> None:
+        """Check the answer to a request that renews the lease when it succeeds."""
+        _check(resp, terminal_stops=True)
         lease.clock.renewed(resp.sent_at)
 
     async def put_metadata(self, *, description: str | None, input_schema: dict[str, Any] | None) -> None:
@@ -309,8 +300,7 @@ class KernelClient:
             payload["input_schema"] = input_schema
         body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
         resp = await self.request("PUT", f"/v0/agents/{self.agent_id}/metadata", body=body)
-        if not resp.ok:
-            raise api_error(resp.status, resp.body)
+        _check(resp)
 
 
 def _compact(value: Any) -> str:
@@ -319,9 +309,14 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
-def _code(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return ""
-    return data.get("code", "") if isinstance(data, dict) and isinstance(data.get("code"), str) else ""
+
+def _check(resp: KernelResponse, *, terminal_stops: bool = False) -> None:
+    """Raise the typed error of a non-2xx answer. With `terminal_stops`, a
+    `409 execution_terminal` raises `Terminated` instead: the dispatch has
+    nothing left to do."""
+    if resp.ok:
+        return
+    error = api_error(resp.status, resp.body)
+    if terminal_stops and isinstance(error, ExecutionTerminalError):
+        raise Terminated("execution_terminal")
+    raise error

@@ -2,7 +2,8 @@
 
 Dispatch (Agents page; PROTOCOL §8.7):
 
-1. verify `Rebuno-Signature` (`401` when missing or wrong);
+1. read the body up to a fixed limit (`413` beyond it), verify
+   `Rebuno-Signature` (`401` when missing or wrong), then parse it;
 2. acknowledge at once (`200`) and run the handler in a background task;
 3. cancel a handler still running for the execution when a newer webhook
    supersedes it; ignore repeats and attempts the kernel has moved past;
@@ -18,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -32,14 +31,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ._binding import Binding, BindingError, bind_handler
+from ._callables import is_async_callable
 from ._dispatch import DispatchKey, DispatchTracker
 from ._effects import encode_result
 from ._kernel import KernelClient, Lease, LeaseClock
-from .errors import (APIError, Blocked, PolicyError, RateLimited, RebunoError, Terminated, ToolError,
+from ._webhook import DEFAULT_LEASE_TIMEOUT, Refused, receive
+from .errors import (APIError, PolicyError, RateLimited, RebunoError, Terminated, ToolError, is_signal,
                      raise_for_refusal)
 from .execution import ExecutionContext, _reset, _set
 from .resources import completion_captures
-from .signing import verify_webhook
 
 __all__ = ["Agent", "failure_reason", "DEFAULT_LEASE_TIMEOUT"]
 
@@ -47,7 +47,6 @@ log = logging.getLogger("rebuno")
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
-DEFAULT_LEASE_TIMEOUT = 120.0
 DEFAULT_BASE_URL = "http://localhost:8080"
 
 
@@ -64,7 +63,7 @@ def supersede_wait(lease_timeout_seconds: float) -> float:
 def failure_reason(exc: BaseException) -> str | None:
     """The execution's failure reason for an exception escaping the handler,
     or None for a control-flow signal (the kernel's state stands)."""
-    if isinstance(exc, (Blocked, Terminated)):
+    if is_signal(exc):
         return None
     if isinstance(exc, PolicyError):
         return f"policy_denied: {exc.reason}"
@@ -125,8 +124,7 @@ class Agent:
         """Attach the handler (an async function); returns it unchanged."""
         if not callable(handler):
             raise TypeError("the handler must be an async function")
-        if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
-                getattr(handler, "__call__", None)):
+        if not is_async_callable(handler):
             raise TypeError("the handler must be an async function (async def)")
         self._binding = bind_handler(handler)
         self._handler = handler
@@ -192,34 +190,18 @@ class Agent:
             log.debug("rebuno: could not publish agent metadata: %s", e)
 
     async def _webhook(self, request: Request) -> JSONResponse:
-        body = await request.body()
-        signatures = request.headers.getlist("rebuno-signature")
-        if len(signatures) != 1 or not verify_webhook(self._secret, body, signatures[0]):
-            return JSONResponse({"code": "unauthorized", "message": "unauthorized"}, status_code=401)
         try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            return _bad_request("body must be a JSON object")
-        execution_id, dispatch_id = data.get("execution_id"), data.get("dispatch_id")
-        if not _is_uuid(execution_id) or not _is_uuid(dispatch_id):
-            return _bad_request("execution_id and dispatch_id are required")
-        attempt = data.get("dispatch_attempt")
-        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
-            attempt = None
-        lease = data.get("lease_timeout_seconds")
-        lease_seconds = float(lease) if isinstance(lease, (int, float)) and not isinstance(lease, bool) \
-            and lease > 0 else DEFAULT_LEASE_TIMEOUT
+            delivery = await receive(request, self._secret)
+        except Refused as refused:
+            return refused.response()
         if self._handler is None or self._closing:
             # Not ready: a failed delivery is retried by the kernel.
             return JSONResponse({"code": "unavailable", "message": "agent has no handler"}, status_code=503)
-        eid = str(execution_id).lower()
-        key = DispatchKey(str(dispatch_id).lower(), attempt)
+        eid, key = delivery.execution_id, delivery.key
         if not self._tracker.offer(eid, key):
-            log.debug("rebuno: ignoring webhook %s attempt %s of %s (not newer)", key.dispatch_id, attempt, eid)
+            log.debug("rebuno: ignoring webhook %s attempt %s of %s (not newer)", key.dispatch_id, key.attempt, eid)
             return JSONResponse({"status": "ignored"})
-        self._start(eid, key, lease_seconds)
+        self._start(eid, key, delivery.lease_seconds)
         if not self._metadata_published and self._metadata_retry is None:
             self._metadata_retry = asyncio.create_task(self._publish_metadata())
         return JSONResponse({"status": "accepted"})
@@ -361,16 +343,3 @@ class Agent:
         if not recorded:
             log.info("rebuno: execution %s was already terminal", ctx.execution_id)
 
-
-def _is_uuid(v: Any) -> bool:
-    if not isinstance(v, str):
-        return False
-    try:
-        uuid.UUID(v)
-    except ValueError:
-        return False
-    return len(v) == 36
-
-
-def _bad_request(message: str) -> JSONResponse:
-    return JSONResponse({"code": "validation_error", "message": message}, status_code=400)

@@ -17,13 +17,13 @@ import asyncio
 import builtins
 import json
 import os
-import random
 import time
 import uuid
 from typing import Any, AsyncIterator, Mapping
 
 import httpx2
 
+from ._backoff import Backoff
 from .errors import ExecutionTerminalError, UnavailableError, api_error
 from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Event, Execution, ExecutionPage, Step,
                     StreamDelta, StreamEnd)
@@ -97,7 +97,7 @@ class Client:
         error for any other non-2xx answer."""
         content = None if body is None else json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
         clean = {k: v for k, v in (params or {}).items() if v is not None}
-        delay = 0.1
+        backoff = Backoff()
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
@@ -114,8 +114,7 @@ class Client:
                     if attempt > 0 and isinstance(err, ExecutionTerminalError) and path.endswith("/cancel"):
                         return resp  # the first try cancelled it
                     raise err
-            await asyncio.sleep(min(5.0, delay * (0.5 + random.random() / 2)))
-            delay = min(5.0, delay * 2)
+            await asyncio.sleep(backoff.next())
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
@@ -198,11 +197,13 @@ class Client:
         `Last-Event-ID`, losing nothing."""
         last = after_seq
         failures = 0
+        backoff = Backoff()
         while True:
             try:
                 async for name, data, _ in self._sse(f"/v0/executions/{execution_id}/events/stream",
                                                      {"Last-Event-ID": str(last)}):
                     failures = 0
+                    backoff.reset()
                     if name == "end":
                         StreamEnd.model_validate_json(data)
                         return
@@ -214,7 +215,7 @@ class Client:
                 failures += 1
                 if not reconnect or failures > self._retries:
                     raise
-                await asyncio.sleep(min(5.0, 0.1 * 2 ** failures))
+                await asyncio.sleep(backoff.next())
 
     async def stream_deltas(self, execution_id: str) -> AsyncIterator[StreamDelta]:
         """Live token deltas of the execution's running steps (§16). Only

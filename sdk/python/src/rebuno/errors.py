@@ -17,6 +17,8 @@ import json
 import re
 from typing import Any, Mapping
 
+from .types import Decision, DecisionKind
+
 __all__ = [
     "RebunoError",
     "PolicyError",
@@ -35,13 +37,21 @@ __all__ = [
     "ExecutionTerminalError",
     "LeaseSupersededError",
     "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
     "InternalServerError",
     "UnavailableError",
     "raise_for_refusal",
+    "refusal_error",
+    "decision_error",
+    "is_signal",
+    "REFUSING_DECISIONS",
     "REFUSAL_MARKER",
 ]
 
 REFUSAL_MARKER = "rebuno_refusal"
+# The decisions that end a step call with an exception (`decision_error`).
+REFUSING_DECISIONS = frozenset({DecisionKind.DENIED, DecisionKind.RATE_LIMITED, DecisionKind.BLOCKED,
+                                DecisionKind.EXECUTION_BLOCKED, DecisionKind.EXECUTION_TERMINAL})
 
 
 class RebunoError(Exception):
@@ -126,6 +136,7 @@ class APIError(RebunoError):
     """A non-2xx answer from the kernel, mapped from the envelope's `code`."""
 
     code: str = ""
+    status: int = 0  # the status the kernel answers this code with
 
     def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
@@ -136,63 +147,63 @@ class APIError(RebunoError):
 
 
 class ValidationError(APIError):
-    code = "validation_error"
+    code, status = "validation_error", 400
 
 
 class UnauthorizedError(APIError):
-    code = "unauthorized"
+    code, status = "unauthorized", 401
 
 
 class ForbiddenError(APIError):
-    code = "forbidden"
+    code, status = "forbidden", 403
 
 
 class NotFoundError(APIError):
-    code = "not_found"
+    code, status = "not_found", 404
 
 
 class MethodNotAllowedError(APIError):
-    code = "method_not_allowed"
+    code, status = "method_not_allowed", 405
 
 
 class ConflictError(APIError):
-    code = "conflict"
+    code, status = "conflict", 409
 
 
 class ExecutionTerminalError(APIError):
-    code = "execution_terminal"
+    code, status = "execution_terminal", 409
 
 
 class LeaseSupersededError(APIError):
-    code = "lease_superseded"
+    code, status = "lease_superseded", 409
 
 
 class PayloadTooLargeError(APIError):
-    code = "payload_too_large"
+    code, status = "payload_too_large", 413
+
+
+class UnsupportedMediaTypeError(APIError):
+    """A body sent without `Content-Type: application/json` (the SDK always sends it)."""
+
+    code, status = "unsupported_media_type", 415
 
 
 class InternalServerError(APIError):
-    code = "internal_error"
+    code, status = "internal_error", 500
 
 
 class UnavailableError(APIError):
-    code = "unavailable"
+    code, status = "unavailable", 503
 
 
-_BY_CODE: dict[str, type[APIError]] = {
-    cls.code: cls
-    for cls in (
-        ValidationError, UnauthorizedError, ForbiddenError, NotFoundError, MethodNotAllowedError,
-        ConflictError, ExecutionTerminalError, LeaseSupersededError, PayloadTooLargeError,
-        InternalServerError, UnavailableError,
-    )
-}
-
-_BY_STATUS: dict[int, type[APIError]] = {
-    400: ValidationError, 401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError,
-    405: MethodNotAllowedError, 409: ConflictError, 413: PayloadTooLargeError,
-    500: InternalServerError, 503: UnavailableError,
-}
+_API_ERRORS: tuple[type[APIError], ...] = (
+    ValidationError, UnauthorizedError, ForbiddenError, NotFoundError, MethodNotAllowedError, ConflictError,
+    ExecutionTerminalError, LeaseSupersededError, PayloadTooLargeError, UnsupportedMediaTypeError,
+    InternalServerError, UnavailableError,
+)
+_BY_CODE = {cls.code: cls for cls in _API_ERRORS}
+# Several codes share 409; `conflict` is the class of a 409 without a code.
+_BY_STATUS = {cls.status: cls for cls in reversed(_API_ERRORS)}
 
 
 def api_error(status: int, body: bytes) -> APIError:
@@ -294,18 +305,36 @@ def _find_refusal(exc: BaseException, seen: set[int]) -> dict[str, Any] | None:
     return None
 
 
-def refusal_to_exception(code: str, reason: str | None = None, rule_id: str | None = None,
-                         retry_after_ms: int | None = None) -> RebunoError:
-    """The SDK exception for a refusal code (a decision or an error code)."""
-    if code == "denied":
-        return PolicyError(reason or "policy_denied", rule_id=rule_id)
-    if code == "rate_limited":
+def refusal_error(code: str, *, reason: str | None = None, rule_id: str | None = None,
+                  retry_after_ms: int | None = None, approval_id: str | None = None,
+                  step_id: str | None = None) -> PolicyError | RateLimited | Blocked | Terminated:
+    """The exception for a kernel refusal: a refusing decision, or the error
+    code `lease_superseded`; any other code means the execution is terminal.
+    Every decision that becomes an exception becomes it here."""
+    if code == DecisionKind.DENIED:
+        return PolicyError(reason or "policy_denied", rule_id=rule_id, step_id=step_id)
+    if code == DecisionKind.RATE_LIMITED:
         return RateLimited(reason or "rate_limit_exceeded", retry_after_ms=retry_after_ms, rule_id=rule_id)
-    if code in ("blocked", "execution_blocked"):
-        return Blocked()
-    if code == "lease_superseded":
+    if code == DecisionKind.BLOCKED:
+        return Blocked("step awaits approval", approval_id=approval_id, step_id=step_id)
+    if code == DecisionKind.EXECUTION_BLOCKED:
+        return Blocked("execution is blocked", approval_id=approval_id, step_id=step_id)
+    if code == LeaseSupersededError.code:
         return Terminated("lease_superseded")
     return Terminated("execution_terminal")
+
+
+def decision_error(decision: Decision) -> PolicyError | RateLimited | Blocked | Terminated:
+    """`refusal_error` of a refusing decision (see `REFUSING_DECISIONS`)."""
+    return refusal_error(decision.decision, reason=decision.reason, rule_id=decision.rule_id,
+                         retry_after_ms=decision.retry_after_ms, approval_id=decision.approval_id,
+                         step_id=decision.step_id)
+
+
+def is_signal(exc: BaseException) -> bool:
+    """Whether an exception is a control-flow signal (`Blocked`, `Terminated`):
+    the dispatch unwinds and the kernel's state stands; never a failure."""
+    return isinstance(exc, (Blocked, Terminated))
 
 
 def raise_for_refusal(exc: BaseException) -> None:
@@ -341,10 +370,11 @@ def raise_for_refusal(exc: BaseException) -> None:
     rule_id = found.get("rule_id") if isinstance(found.get("rule_id"), str) else None
     retry = found.get("retry_after_ms")
     retry_after_ms = retry if isinstance(retry, int) and not isinstance(retry, bool) else None
-    if code in ("blocked", "execution_blocked", "execution_terminal", "lease_superseded"):
+    error = refusal_error(code, reason=reason, rule_id=rule_id, retry_after_ms=retry_after_ms)
+    if is_signal(error):
         from .execution import current_context  # late import: execution imports errors
 
         ctx = current_context()
         if ctx is not None and ctx.signal is not None:
             raise ctx.signal from exc
-    raise refusal_to_exception(code, reason, rule_id, retry_after_ms) from exc
+    raise error from exc

@@ -22,9 +22,9 @@ from typing import Any
 
 from ._kernel import KernelClient, Lease
 from ._resource_state import ResourceState
-from .errors import Blocked, Terminated
+from .errors import Blocked, RebunoError, Terminated, decision_error
 from .identity import args_hash
-from .types import Decision
+from .types import Decision, DecisionKind
 
 __all__ = ["ExecutionContext", "execution", "current_context", "require_context"]
 
@@ -33,6 +33,8 @@ _current: contextvars.ContextVar[ExecutionContext | None] = contextvars.ContextV
 _step: contextvars.ContextVar[str | None] = contextvars.ContextVar("rebuno_step", default=None)
 
 _Identity = tuple[str, str, str]
+# Decisions a submit raises itself: they stop the whole dispatch, not one call.
+_SIGNAL_DECISIONS = frozenset({DecisionKind.BLOCKED, DecisionKind.EXECUTION_BLOCKED, DecisionKind.EXECUTION_TERMINAL})
 
 
 class ExecutionContext:
@@ -129,13 +131,15 @@ class ExecutionContext:
                 self.resources.learn_entries(decision.resources)
         finally:
             self._release(key, prev, mine)
-        if decision.decision == "execution_terminal":
-            raise self.record_signal(Terminated("execution_terminal"))
-        if decision.decision in ("blocked", "execution_blocked"):
-            raise self.record_signal(Blocked(
-                "step awaits approval" if decision.decision == "blocked" else "execution is blocked",
-                approval_id=decision.approval_id, step_id=decision.step_id))
+        if decision.decision in _SIGNAL_DECISIONS:
+            raise self.refused(decision)
         return decision
+
+    def refused(self, decision: Decision) -> RebunoError:
+        """The exception for a refusing decision; `Blocked` and `Terminated`
+        are recorded as the sticky signal first."""
+        error = decision_error(decision)
+        return self.record_signal(error) if isinstance(error, (Blocked, Terminated)) else error
 
     def _release(self, key: _Identity, prev: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
         def done(_: object = None) -> None:
@@ -179,7 +183,3 @@ def _set(ctx: ExecutionContext | None) -> contextvars.Token[ExecutionContext | N
 def _reset(token: contextvars.Token[ExecutionContext | None]) -> None:
     _current.reset(token)
 
-
-def is_signal(exc: BaseException) -> bool:
-    """Whether an exception is a control-flow signal (never reported as a failure)."""
-    return isinstance(exc, (Blocked, Terminated))

@@ -35,11 +35,11 @@ from typing import Any, AsyncIterator
 
 import httpx2
 
-from ._effects import error_message, report
+from ._effects import error_message, report, step_error_json
 from .errors import Blocked, Terminated, ToolError, refusal_message
 from .execution import ExecutionContext, require_context
 from .identity import canonical_value, parse_json
-from .types import Decision
+from .types import Decision, DecisionKind
 
 __all__ = ["RebunoTransport", "http_client", "llm_step_args", "refusal_response", "DELTA_MAX_BYTES"]
 
@@ -73,7 +73,7 @@ def llm_step_args(request: httpx2.Request, body: bytes) -> tuple[str, Any]:
 def refusal_response(request: httpx2.Request, code: str, *, reason: str | None = None,
                      rule_id: str | None = None, retry_after_ms: int | None = None) -> httpx2.Response:
     """The synthetic response for a kernel refusal (§8.9)."""
-    status = 429 if code == "rate_limited" else 403
+    status = 429 if code == DecisionKind.RATE_LIMITED else 403
     payload = {"error": {
         "type": "rebuno_refusal", "code": code, "message": refusal_message(code, reason),
         "rule_id": rule_id, "retry_after_ms": retry_after_ms,
@@ -211,8 +211,7 @@ class _TeeStream(httpx2.AsyncByteStream):
         if self._ctx.stopping:
             return
         if exc is not None:
-            value = json.dumps({"message": str(exc), "type": type(exc).__name__})
-            succeeded = False
+            value, succeeded = step_error_json(exc), False
         else:
             rec = _record(self._upstream.status_code, self._upstream.headers, b"".join(self._chunks))
             value, succeeded = json.dumps(rec, ensure_ascii=False, separators=(",", ":")), True
@@ -250,18 +249,14 @@ class RebunoTransport(httpx2.AsyncBaseTransport):
 
     async def _decided(self, ctx: ExecutionContext, request: httpx2.Request, decision: Decision) -> httpx2.Response:
         d = decision.decision
-        if d == "replay":
+        if d == DecisionKind.REPLAY:
             if decision.has_error:
                 raise ToolError("llm_call", error_message(decision.error), error=decision.error,
                                 step_id=decision.step_id)
             return _replayed(request, decision.result)
-        if d == "denied":
-            return refusal_response(request, "denied", reason=decision.reason, rule_id=decision.rule_id)
-        if d == "rate_limited":
-            return refusal_response(request, "rate_limited", reason=decision.reason, rule_id=decision.rule_id,
+        if d != DecisionKind.PROCEED or decision.step_id is None:
+            return refusal_response(request, d, reason=decision.reason, rule_id=decision.rule_id,
                                     retry_after_ms=decision.retry_after_ms)
-        if d != "proceed" or decision.step_id is None:
-            return refusal_response(request, d)
         return await self._live(ctx, request, decision.step_id)
 
     async def _live(self, ctx: ExecutionContext, request: httpx2.Request, step_id: str) -> httpx2.Response:
@@ -297,8 +292,7 @@ class RebunoTransport(httpx2.AsyncBaseTransport):
 
 async def _report_quietly(ctx: ExecutionContext, step_id: str, exc: BaseException) -> None:
     try:
-        await report(ctx, "llm_call", step_id, succeeded=False,
-                     value_json=json.dumps({"message": str(exc), "type": type(exc).__name__}))
+        await report(ctx, "llm_call", step_id, succeeded=False, value_json=step_error_json(exc))
     except Exception as e:
         log.warning("rebuno: could not record the failed LLM call %s: %s", step_id, e)
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence, TypeVar
+from typing import Any, Awaitable, Iterator, Protocol, Sequence, TypeVar
 
+from ._callables import call_off_loop
 from ._resource_state import BodyMark, OpenedResource, current_mark, reset_mark, set_mark
 from .errors import APIError, CheckpointUnavailable, ConflictError, Terminated
 from .execution import ExecutionContext, require_context
@@ -124,21 +124,6 @@ class ResourceDriver(Protocol[HandleT, BindingT]):
 
 
 # --------------------------------------------------------------------- helpers
-
-
-def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
-
-
-async def call_driver(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a driver method: await it when async; run a plain one in a thread
-    (awaiting what it returns when that is awaitable)."""
-    if _is_async(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
 
 
 def truncate_utf8(text: str, limit: int = MAX_ERROR_BYTES) -> str:
@@ -311,12 +296,12 @@ async def _first_use(ctx: ExecutionContext, entry: OpenedResource, policy: Check
         entry.stored_every_steps, entry.stored_on_completion = view.every_steps, view.on_completion
         _warn_policy(entry, policy.every_steps, policy.on_completion)
         if view.binding is not None:
-            return await call_driver(entry.driver.open, view.binding)
+            return await call_off_loop(entry.driver.open, view.binding)
         try:
             if view.checkpoint_ref == "":
-                created = await call_driver(entry.driver.create)
+                created = await call_off_loop(entry.driver.create)
             else:
-                created = await call_driver(entry.driver.create, view.checkpoint_ref)
+                created = await call_off_loop(entry.driver.create, view.checkpoint_ref)
         except CheckpointUnavailable as exc:
             await _fail_unavailable(ctx, entry.key, exc)
             raise
@@ -405,7 +390,7 @@ async def capture_entries(ctx: ExecutionContext, entries: Sequence[OpenedResourc
     for entry in entries:
         generation = ctx.resources.generations.get(entry.key, 0)
         try:
-            ref = await call_driver(entry.driver.checkpoint, entry.handle)
+            ref = await call_off_loop(entry.driver.checkpoint, entry.handle)
             problem = _ref_problem(ref)
             if problem is not None:
                 raise ValueError(problem)

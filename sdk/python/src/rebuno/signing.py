@@ -3,6 +3,10 @@
 * Agent → kernel requests carry a request-bound `v1` signature over six lines
   (constant, method, request target, timestamp, dispatch id, dispatch attempt)
   followed by the raw body.
+* A submit's `Rebuno-Step-Occurrence` is bound to that request by
+  `Rebuno-Occurrence-Signature`: a MAC over the request's own v1 signature
+  and the occurrence, so a captured submit cannot be replayed with another
+  occurrence (the published client sends neither header).
 * Kernel → agent webhooks carry the legacy body-only `sha256=` signature.
 
 Every MAC is HMAC-SHA256 keyed with the agent secret's UTF-8 bytes, written as
@@ -15,9 +19,11 @@ import hashlib
 import hmac
 import re
 
-__all__ = ["V1_PREFIX", "v1_message", "sign_v1", "sign_legacy", "verify_webhook"]
+__all__ = ["V1_PREFIX", "OCCURRENCE_PREFIX", "v1_message", "sign_v1", "sign_occurrence", "sign_legacy",
+           "verify_webhook"]
 
 V1_PREFIX = "rebuno-request-v1"
+OCCURRENCE_PREFIX = "rebuno-occurrence-v1"
 _LEGACY_RE = re.compile(r"sha256=[0-9a-f]{64}")
 
 
@@ -40,6 +46,14 @@ def sign_v1(secret: str, method: str, target: str, timestamp: str, dispatch_id: 
     escaped path plus `?query` when there is one.
     """
     return "v1=" + _mac(secret, v1_message(method, target, timestamp, dispatch_id, attempt, body))
+
+
+def sign_occurrence(secret: str, request_signature: str, occurrence: str) -> str:
+    """The `Rebuno-Occurrence-Signature` value (`v1=<hex>`) of a request whose
+    `Rebuno-Signature` is `request_signature` and whose
+    `Rebuno-Step-Occurrence` is `occurrence`, both exactly as sent."""
+    message = "\n".join([OCCURRENCE_PREFIX, request_signature, occurrence])
+    return "v1=" + _mac(secret, message.encode("utf-8"))
 
 
 def sign_legacy(secret: str, body: bytes) -> str:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
 
-from ._effects import call_maybe_async, run_effect, validate_idempotency, validate_resources
+from ._callables import call_maybe_async
+from ._effects import run_effect, validate_idempotency, validate_resources
 
 __all__ = ["step"]
 

@@ -10,11 +10,11 @@ step's (PROTOCOL §8.9).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar, overload
 
+from ._callables import call_off_loop
 from ._effects import run_effect, validate_idempotency, validate_resources
 from .errors import PolicyError
 
@@ -50,20 +50,12 @@ def _call_args(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _make(fn: Callable[..., Any], tool_id: str, idempotency: str, resources: list[str]) -> Callable[..., Any]:
     sig = inspect.signature(fn)
-    is_async = inspect.iscoroutinefunction(fn)
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         call_args = _call_args(sig, args, kwargs)
 
         async def body() -> Any:
-            if is_async:
-                return await fn(*args, **kwargs)
-            # A synchronous tool runs in a thread so that it cannot stall the
-            # heartbeats; the thread inherits the execution context.
-            result = await asyncio.to_thread(fn, *args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+            return await call_off_loop(fn, *args, **kwargs)
 
         try:
             return await run_effect("tool_call", tool_id, call_args, body, idempotency=idempotency,

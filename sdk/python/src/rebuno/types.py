@@ -9,7 +9,8 @@ typed `Any`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +23,7 @@ __all__ = [
     "Approval",
     "AgentInfo",
     "DecisionResource",
+    "DecisionKind",
     "Decision",
     "Resource",
     "ResourceCoverage",
@@ -137,10 +139,25 @@ class DecisionResource(Model):
     due: bool = False
 
 
+class DecisionKind(StrEnum):
+    """The `decision` of a submit or step outcome answer. Members are `str`s
+    equal to their wire values (`DecisionKind.PROCEED == "proceed"`)."""
+
+    PROCEED = "proceed"
+    REPLAY = "replay"
+    DENIED = "denied"
+    RATE_LIMITED = "rate_limited"
+    BLOCKED = "blocked"
+    EXECUTION_BLOCKED = "execution_blocked"
+    EXECUTION_TERMINAL = "execution_terminal"
+    RECORDED = "recorded"
+
+
 class Decision(Model):
     """The answer to submit, step complete and step fail (§2.7)."""
 
-    decision: str
+    # A decision a newer kernel may add stays a plain `str` (unknown values are ignored, not refused).
+    decision: Annotated[DecisionKind | str, Field(union_mode="left_to_right")]
     step_id: str | None = None
     result: Any = None
     error: Any = None

@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx2
 import pytest
@@ -22,21 +22,11 @@ SECRET = "acceptance-secret-0123456789"
 MODEL = "scripted-model"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "/acceptance/" in str(item.path):
-            item.add_marker(pytest.mark.e2e)
-
-
 @pytest.fixture
-def kernel(tmp_path: Path) -> Iterator[KernelProcess]:
-    """A fresh `rebuno dev` kernel (manual clock) for one test."""
-    k = KernelProcess(tmp_path)
-    k.start()
-    try:
-        yield k
-    finally:
-        k.stop()
+def kernel(kernel_proc: KernelProcess) -> KernelProcess:
+    """The real kernel of the test, by the name the scenarios use (the unit
+    tests' `kernel` is the in-memory fake)."""
+    return kernel_proc
 
 
 @pytest.fixture

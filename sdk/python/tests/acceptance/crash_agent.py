@@ -14,37 +14,16 @@ once serving.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from typing import Any
 
-import uvicorn
 from langchain.agents import create_agent
 from langchain_openai import ChatOpenAI
 
-from rebuno import Agent, CheckpointPolicy, http_client, resource, tool
-from rebuno.drivers import LocalDirectory
-from rebuno.drivers.local_directory import LocalDirectoryHandle
+from rebuno import CheckpointPolicy, http_client, resource, tool
+from tests.e2e.child import MarkedDirectory, mark, serve
 
-MARKERS = os.environ["MARKERS"]
 RELEASE_FILE = os.environ["RELEASE_FILE"]
-
-
-def mark(line: str) -> None:
-    with open(MARKERS, "a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class MarkedDirectory(LocalDirectory):
-    async def create(self, checkpoint_ref: str | None = None) -> tuple[LocalDirectoryHandle, dict[str, str]]:
-        mark("create")
-        return await super().create(checkpoint_ref)
-
-    async def open(self, binding: Any) -> LocalDirectoryHandle:
-        mark("open")
-        return await super().open(binding)
 
 
 async def process(task: str) -> dict[str, Any]:
@@ -75,20 +54,5 @@ async def process(task: str) -> dict[str, Any]:
     return {"answer": result["messages"][-1].content}
 
 
-async def main() -> None:
-    agent = Agent(os.environ["AGENT_ID"])
-    agent.bind(process)
-    server = uvicorn.Server(uvicorn.Config(agent.app, host="127.0.0.1", port=0, log_level="warning"))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            serving.result()
-            return
-        await asyncio.sleep(0.01)
-    print("PORT", server.servers[0].sockets[0].getsockname()[1], flush=True)
-    await serving
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    serve(process)

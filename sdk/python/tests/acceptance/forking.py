@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rebuno import Client, CoverageRanges, Event, Step
+from rebuno import Client, CoveragePoint, CoverageRanges, Event, Step
 from rebuno.drivers import LocalDirectory
 
-from .oracle import Oracle, Write, assert_kernel_matches, check_fork_log, contents_at, expected_fork, files_of, writes
+from ..e2e.harness import files_of
+from .oracle import Oracle, Write, assert_kernel_matches, check_fork_log, contents_at, expected_fork, writes
 
 
 @dataclass
@@ -26,6 +27,23 @@ async def read_run(client: Client, eid: str) -> Run:
     events = await client.all_events(eid)
     steps = await client.steps(eid)
     return Run(eid, events, steps, Oracle(events), writes(events, steps))
+
+
+async def coverage_ranges(client: Client, eid: str) -> CoverageRanges:
+    """The kernel's covered ranges of an execution's whole log."""
+    ranges = await client.coverage(eid)
+    assert isinstance(ranges, CoverageRanges)
+    return ranges
+
+
+async def read_coverage(client: Client, eid: str, last_seq: int) -> tuple[CoverageRanges, dict[int, CoveragePoint]]:
+    """The kernel's coverage of a run: its ranges, and the point at every event up to `last_seq`."""
+    points: dict[int, CoveragePoint] = {}
+    for s in range(1, last_seq + 1):
+        point = await client.coverage(eid, at_seq=s)
+        assert isinstance(point, CoveragePoint)
+        points[s] = point
+    return await coverage_ranges(client, eid), points
 
 
 async def fork_everywhere(client: Client, run: Run, root: Path) -> None:
@@ -76,9 +94,7 @@ async def fork_everywhere(client: Client, run: Run, root: Path) -> None:
         read_back = await client.get(fork.id)
         assert read_back.status == "cancelled" and (read_back.restoration or {}) == want_restoration
         # The kernel answers for the fork's own log as the oracle does.
-        franges = await client.coverage(fork.id)
-        assert isinstance(franges, CoverageRanges)
-        assert_kernel_matches(Oracle(after), franges, {})
+        assert_kernel_matches(Oracle(after), await coverage_ranges(client, fork.id), {})
     first_registered = min(o.registered.values())
     assert covered_forks == sum(1 for s in range(first_registered, o.last + 1) if o.covered(s)) > 0
     assert len(await client.all_events(run.id)) == o.last  # the source never changes

@@ -25,9 +25,7 @@ What the oracle reads from a log:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 from rebuno import Event, Step
@@ -339,11 +337,3 @@ def contents_at(ws: list[Write], s: int, start: dict[str, str] | None = None) ->
     return out
 
 
-def files_of(path: str | os.PathLike[str]) -> dict[str, str]:
-    """A directory's regular files, relative path -> text."""
-    out = {}
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(dirpath, name)
-            out[os.path.relpath(full, path)] = Path(full).read_text()
-    return out

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rebuno import CoverageRanges
 from rebuno.drivers import LocalDirectory
 
-from ..e2e.harness import KernelProcess
+from ..e2e.harness import KernelProcess, files_of
 from .agents import FailingCapture, loop_agent
 from .conftest import serving
-from .forking import fork_everywhere, read_run
-from .oracle import Oracle, assert_kernel_matches, check_fork_log, contents_at, expected_fork, files_of, writes
+from .forking import coverage_ranges, fork_everywhere, read_coverage, read_run
+from .oracle import Oracle, assert_kernel_matches, check_fork_log, contents_at, expected_fork, writes
 from .script_server import ScriptServer
 
 AGENT = "coder"
@@ -46,9 +45,7 @@ async def test_capture_failure_leaves_a_gap(kernel: KernelProcess, script: Scrip
         assert (done.status, done.output) == ("completed", {"answer": "done"}), done
         events = await client.all_events(ex.id)
         steps = await client.steps(ex.id)
-        ranges = await client.coverage(ex.id)
-        assert isinstance(ranges, CoverageRanges)
-        points = {s: await client.coverage(ex.id, at_seq=s) for s in range(1, events[-1].event_seq + 1)}
+        ranges, points = await read_coverage(client, ex.id, events[-1].event_seq)
         source_requests = list(script.requests)
 
         o = Oracle(events)
@@ -105,8 +102,7 @@ async def test_capture_failure_leaves_a_gap(kernel: KernelProcess, script: Scrip
         bound = next(e for e in fevents[started:] if e.type == "resource.bound")
         assert files_of(bound.payload["binding"]["path"]) == {"a.txt": "4", "c.txt": "3", "d.txt": "5", "e.txt": "6"}
         fo = Oracle(fevents)
-        franges = await client.coverage(fork.id)
-        assert isinstance(franges, CoverageRanges)
+        franges = await coverage_ranges(client, fork.id)
         assert_kernel_matches(fo, franges, {})
         assert drivers[1].calls >= 1 and len(drivers) == 2
 
@@ -133,9 +129,7 @@ async def test_a_failed_capture_keeps_the_counter(kernel: KernelProcess, script:
         assert (done.status, done.output) == ("completed", {"answer": "done"}), done
         events = await client.all_events(ex.id)
         steps = await client.steps(ex.id)
-        ranges = await client.coverage(ex.id)
-        assert isinstance(ranges, CoverageRanges)
-        points = {s: await client.coverage(ex.id, at_seq=s) for s in range(1, events[-1].event_seq + 1)}
+        ranges, points = await read_coverage(client, ex.id, events[-1].event_seq)
 
     o = Oracle(events)
     ws = writes(events, steps)

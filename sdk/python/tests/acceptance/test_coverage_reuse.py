@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from rebuno import CheckpointPolicy, CoverageRanges, http_client, resource, step, tool
+from rebuno import CheckpointPolicy, http_client, resource, step, tool
 from rebuno.drivers import LocalDirectory
 
-from ..e2e.harness import KernelProcess
+from ..e2e.harness import KernelProcess, files_of
 from .conftest import MODEL, serving
-from .oracle import Oracle, assert_kernel_matches, contents_at, files_of, writes
+from .forking import read_coverage
+from .oracle import Oracle, assert_kernel_matches, contents_at, writes
 from .script_server import ScriptServer
 
 AGENT = "reuser"
@@ -64,9 +65,7 @@ async def test_example_c(kernel: KernelProcess, script: ScriptServer, root: Path
             "completed", {"read": "<missing>", "write": "wrote a.txt", "lint": "clean", "llm": 200}), done
         events = await client.all_events(ex.id)
         steps = await client.steps(ex.id)
-        ranges = await client.coverage(ex.id)
-        assert isinstance(ranges, CoverageRanges)
-        points = {s: await client.coverage(ex.id, at_seq=s) for s in range(1, events[-1].event_seq + 1)}
+        ranges, points = await read_coverage(client, ex.id, events[-1].event_seq)
 
     o = Oracle(events)
     assert [(x.step_type, x.target) for x in o.starts] == [

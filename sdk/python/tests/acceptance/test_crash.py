@@ -24,70 +24,26 @@ clock, and posts no stale capture; nothing here is skipped on its account.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
-from rebuno import CoverageRanges, Event
+from rebuno import Event
 from rebuno.drivers import LocalDirectory
 
-from ..e2e.harness import KernelProcess, eventually, markers, register
+from ..e2e.harness import ChildAgent, KernelProcess, eventually, files_of, markers, register
 from .conftest import SECRET, agent_post
-from .forking import fork_everywhere, read_run
-from .oracle import Oracle, assert_kernel_matches, contents_at, files_of, writes
+from .forking import fork_everywhere, read_coverage, read_run
+from .oracle import Oracle, assert_kernel_matches, contents_at, writes
 from .script_server import DEFAULT_SCRIPT, ScriptServer
 
 HERE = Path(__file__).resolve().parent
-SDK_DIR = HERE.parents[1]
 AGENT = "crasher"
 KEY = "workspace"
 SLOW_SCRIPT = [(kind, "slow.txt" if path == "b.txt" else path, content) for kind, path, content in DEFAULT_SCRIPT]
 
 
-class ChildAgent:
+def crash_agent(kernel: KernelProcess, env: dict[str, str]) -> ChildAgent:
     """`crash_agent.py` in a child process."""
-
-    def __init__(self, kernel: KernelProcess, env: dict[str, str]) -> None:
-        full = dict(os.environ)
-        full.update({"REBUNO_URL": kernel.url, "REBUNO_AGENT_SECRET": SECRET, "AGENT_ID": AGENT,
-                     "PYTHONUNBUFFERED": "1", **env})
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "crash_agent.py")], env=full, cwd=str(SDK_DIR),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.output: list[str] = []
-        self.port: int | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            self.output.append(line)
-            if line.startswith("PORT ") and self.port is None:
-                self.port = int(line.split()[1])
-                self._ready.set()
-        self._ready.set()
-
-    async def webhook(self) -> str:
-        await eventually(self._ready.is_set, timeout=60, what="agent process start")
-        if self.port is None:
-            raise RuntimeError("agent process failed:\n" + "".join(self.output))
-        return f"http://127.0.0.1:{self.port}/webhook"
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    return ChildAgent(HERE / "crash_agent.py", kernel, AGENT, SECRET, env=env)
 
 
 def write_starts(events: list[Event]) -> list[Event]:
@@ -101,7 +57,7 @@ async def test_crash_mid_tool_call_then_resume(tmp_path: Path, script: ScriptSer
     kernel = KernelProcess(tmp_path, args=["--dispatch-lease-timeout", "2s", "--dispatch-timeout", "1s"],
                            manual_clock=False)
     kernel.start()
-    first = ChildAgent(kernel, env)
+    first = crash_agent(kernel, env)
     second: ChildAgent | None = None
     try:
         async with kernel.client() as client:
@@ -119,7 +75,7 @@ async def test_crash_mid_tool_call_then_resume(tmp_path: Path, script: ScriptSer
             before = await eventually(slow_started, timeout=60, what="the slow write running")
             # The replacement process is started (not registered) first, so that
             # its start-up time never eats into the redelivery budget.
-            second = ChildAgent(kernel, env)
+            second = crash_agent(kernel, env)
             second_url = await second.webhook()
             first.kill()  # SIGKILL mid tool call: the step stays executing, nothing is reported
             assert script.counts() == [0, 1]
@@ -158,9 +114,7 @@ async def test_crash_mid_tool_call_then_resume(tmp_path: Path, script: ScriptSer
             assert (done.status, done.output) == ("completed", {"answer": "done"}), (done, "".join(second.output))
             events = await client.all_events(ex.id)
             steps = await client.steps(ex.id)
-            ranges = await client.coverage(ex.id)
-            assert isinstance(ranges, CoverageRanges)
-            points = {s: await client.coverage(ex.id, at_seq=s) for s in range(1, events[-1].event_seq + 1)}
+            ranges, points = await read_coverage(client, ex.id, events[-1].event_seq)
 
         o = Oracle(events)
         types = [e.type for e in events]

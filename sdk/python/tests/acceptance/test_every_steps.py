@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rebuno import CoverageRanges
-
-from ..e2e.harness import KernelProcess
+from ..e2e.harness import KernelProcess, files_of
 from .agents import loop_agent
 from .conftest import serving
-from .oracle import Oracle, assert_kernel_matches, check_fork_log, contents_at, expected_fork, files_of, writes
+from .forking import coverage_ranges
+from .oracle import Oracle, assert_kernel_matches, check_fork_log, contents_at, expected_fork, writes
 from .script_server import Entry, ScriptServer
 
 AGENT = "coder"
@@ -99,8 +98,7 @@ async def test_uncovered_fork_counts_from_zero(kernel: KernelProcess, script: Sc
         assert any("keeps its recorded checkpoint policy (every_steps=5, on_completion=True)" in r.getMessage()
                    and "every_steps=2" in r.getMessage() for r in caplog.records)
 
-        franges = await client.coverage(fork.id)
-        assert isinstance(franges, CoverageRanges)
+        franges = await coverage_ranges(client, fork.id)
         points = {p: await client.coverage(fork.id, at_seq=p) for p in range(1, fo.last + 1)}
         assert_kernel_matches(fo, franges, points)
         assert len(await client.all_events(ex.id)) == o.last

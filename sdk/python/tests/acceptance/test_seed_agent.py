@@ -25,14 +25,14 @@ from typing import Any, Awaitable, Callable
 
 import httpx2
 
-from rebuno import Client, CoveragePoint, CoverageRanges, Event, Step
+from rebuno import Client, Event, Step
 from rebuno.drivers import LocalDirectory
 
-from ..e2e.harness import KernelProcess
+from ..e2e.harness import KernelProcess, files_of
 from .agents import load_seed, loop_agent
 from .conftest import MODEL, serving
-from .forking import Run, fork_everywhere, read_run
-from .oracle import Oracle, assert_kernel_matches, contents_at, expected_fork, files_of
+from .forking import Run, coverage_ranges, fork_everywhere, read_coverage, read_run
+from .oracle import Oracle, assert_kernel_matches, contents_at, expected_fork
 from .script_server import DEFAULT_SCRIPT, ScriptServer
 
 AGENT = "coder"
@@ -96,13 +96,7 @@ async def check_source(client: Client, run: Run, script: ScriptServer, root: Pat
     assert files_of(bound_path(events)) == contents_at(run.writes, o.last)
 
     # The kernel's coverage, every point and the ranges, against the oracle.
-    ranges = await client.coverage(run.id)
-    assert isinstance(ranges, CoverageRanges)
-    points = {}
-    for s in range(1, o.last + 1):
-        point = await client.coverage(run.id, at_seq=s)
-        assert isinstance(point, CoveragePoint)
-        points[s] = point
+    ranges, points = await read_coverage(client, run.id, o.last)
     assert_kernel_matches(o, ranges, points)
     after_fifth = next(x.seq for x in o.starts if x.seq > fifth.seq)
     assert o.ranges() == [[1, 4], [baseline.event_seq, o.starts[0].seq - 1], [fifth.seq, after_fifth - 1],
@@ -228,8 +222,7 @@ async def fork_boundaries(client: Client, run: Run, script: ScriptServer, tolera
             assert baseline.payload["generation"] == o.generation_at(KEY, b) + 1
 
         fo = Oracle(fevents)
-        ranges = await client.coverage(fork.id)
-        assert isinstance(ranges, CoverageRanges)
+        ranges = await coverage_ranges(client, fork.id)
         assert_kernel_matches(fo, ranges, {})
         if done.status == "completed":
             assert fo.covered(fo.last), b

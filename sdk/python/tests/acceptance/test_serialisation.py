@@ -21,9 +21,9 @@ from typing import Any
 from rebuno import CheckpointPolicy, http_client, resource, tool
 from rebuno.drivers import LocalDirectory
 
-from ..e2e.harness import KernelProcess
+from ..e2e.harness import KernelProcess, files_of
 from .conftest import MODEL, serving
-from .oracle import Oracle, contents_at, files_of, writes
+from .oracle import Oracle, contents_at, writes
 from .script_server import ScriptServer
 
 KEY = "workspace"

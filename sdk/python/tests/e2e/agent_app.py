@@ -10,25 +10,14 @@ calls). Prints `PORT <n>` once serving.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import sys
 from typing import Any
 
-import uvicorn
-
 import rebuno
-from rebuno import Agent, http_client, step, tool
-
-MARKERS = os.environ["MARKERS"]
-
-
-def mark(name: str) -> None:
-    with open(MARKERS, "a") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+from rebuno import http_client, step, tool
+from tests.e2e.child import mark, serve
 
 
 @tool("count_a")
@@ -101,21 +90,6 @@ async def langchain_crash(task: str) -> dict[str, Any]:
 SCENARIOS = {"crash": crash, "llm_crash": llm_crash, "langchain_crash": langchain_crash}
 
 
-async def main(scenario: str) -> None:
-    agent = Agent(os.environ["AGENT_ID"])
-    agent.bind(SCENARIOS[scenario])
-    server = uvicorn.Server(uvicorn.Config(agent.app, host="127.0.0.1", port=0, log_level="warning"))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-            return
-        await asyncio.sleep(0.01)
-    print("PORT", server.servers[0].sockets[0].getsockname()[1], flush=True)
-    await task
-
-
 if __name__ == "__main__":
     assert rebuno.__file__ is not None
-    asyncio.run(main(sys.argv[1]))
+    serve(SCENARIOS[sys.argv[1]])

@@ -1,29 +1,11 @@
 from __future__ import annotations
 
-from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import pytest
 
-from .harness import KernelProcess, Served
+from .harness import Served
 from .scripted_llm import ScriptedLLM
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "/e2e/" in str(item.path):
-            item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture
-def kernel_proc(tmp_path: Path) -> Iterator[KernelProcess]:
-    """A fresh `rebuno dev` kernel (manual clock) for one test."""
-    k = KernelProcess(tmp_path)
-    k.start()
-    try:
-        yield k
-    finally:
-        k.stop()
 
 
 @pytest.fixture

@@ -170,16 +170,19 @@ async def register(kernel: KernelProcess, agent_id: str, url: str, secret: str, 
         await c.register_agent(agent_id, url, secret, **kw)
 
 
-class AgentProcess:
-    """`agent_app.py SCENARIO` in a child process (so that it can be killed)."""
+class ChildAgent:
+    """An agent script (`python SCRIPT ARGS...`) in a child process, so that it
+    can be killed with SIGKILL. It reaches the kernel through `REBUNO_URL`,
+    `REBUNO_AGENT_SECRET` and `AGENT_ID`, and prints `PORT <n>` once serving
+    (see `child.serve`)."""
 
-    def __init__(self, scenario: str, kernel: KernelProcess, agent_id: str, secret: str, markers: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, script: Path, kernel: KernelProcess, agent_id: str, secret: str, *,
+                 args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         full = dict(os.environ)
         full.update({"REBUNO_URL": kernel.url, "REBUNO_AGENT_SECRET": secret, "AGENT_ID": agent_id,
-                     "MARKERS": str(markers), "PYTHONUNBUFFERED": "1"})
+                     "PYTHONPATH": str(SDK_DIR), "PYTHONUNBUFFERED": "1"})
         full.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "agent_app.py"), scenario], env=full,
+        self.proc = subprocess.Popen([sys.executable, str(script), *(args or [])], env=full,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(SDK_DIR))
         self.output: list[str] = []
         self.port: int | None = None
@@ -196,8 +199,9 @@ class AgentProcess:
                 self._ready.set()
         self._ready.set()
 
-    async def ready(self) -> str:
-        await eventually(lambda: self._ready.is_set(), timeout=60, what="agent process start")
+    async def webhook(self) -> str:
+        """The webhook URL, once the agent serves."""
+        await eventually(self._ready.is_set, timeout=60, what="agent process start")
         if self.port is None:
             raise RuntimeError("agent process failed:\n" + "".join(self.output))
         return f"http://127.0.0.1:{self.port}/webhook"
@@ -215,6 +219,23 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def agent_process(scenario: str, kernel: KernelProcess, agent_id: str, secret: str, markers: Path,
+                  env: dict[str, str] | None = None) -> ChildAgent:
+    """`agent_app.py SCENARIO` in a child process."""
+    return ChildAgent(HERE / "agent_app.py", kernel, agent_id, secret, args=[scenario],
+                      env={"MARKERS": str(markers), **(env or {})})
+
+
+def files_of(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A directory's regular files, relative path -> text."""
+    out = {}
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            out[os.path.relpath(full, path)] = Path(full).read_text()
+    return out
 
 
 def markers(path: Path) -> list[str]:

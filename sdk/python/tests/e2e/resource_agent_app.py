@@ -10,36 +10,11 @@ holding until the process is killed). Prints `PORT <n>` once serving.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from typing import Any
 
-import uvicorn
-
-from rebuno import Agent, CheckpointPolicy, resource, tool
-from rebuno.drivers import LocalDirectory
-from rebuno.drivers.local_directory import LocalDirectoryHandle
-
-MARKERS = os.environ["MARKERS"]
-
-
-def mark(name: str) -> None:
-    with open(MARKERS, "a") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class MarkedDirectory(LocalDirectory):
-    """`LocalDirectory` that records which driver methods ran."""
-
-    async def create(self, checkpoint_ref: str | None = None) -> tuple[LocalDirectoryHandle, dict[str, str]]:
-        mark("create")
-        return await super().create(checkpoint_ref)
-
-    async def open(self, binding: Any) -> LocalDirectoryHandle:
-        mark("open")
-        return await super().open(binding)
+from rebuno import CheckpointPolicy, resource, tool
+from tests.e2e.child import MarkedDirectory, mark, serve
 
 
 async def process(task: str) -> dict[str, Any]:
@@ -65,20 +40,5 @@ async def process(task: str) -> dict[str, Any]:
     return {"task": task, "results": results}
 
 
-async def main() -> None:
-    agent = Agent(os.environ["AGENT_ID"])
-    agent.bind(process)
-    server = uvicorn.Server(uvicorn.Config(agent.app, host="127.0.0.1", port=0, log_level="warning"))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-            return
-        await asyncio.sleep(0.01)
-    print("PORT", server.servers[0].sockets[0].getsockname()[1], flush=True)
-    await task
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    serve(process)

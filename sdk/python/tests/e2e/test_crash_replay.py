@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .harness import AgentProcess, KernelProcess, count, eventually, markers, register
+from .harness import KernelProcess, agent_process, count, eventually, markers, register
 from .scripted_llm import ScriptedLLM
 
 SECRET = "crash-secret-0123456789"
@@ -21,18 +21,18 @@ async def crash_and_redeliver(kernel: KernelProcess, scenario: str, agent_id: st
     """Start the scenario, kill the agent once `wait_marker` appears, start a
     new agent process, let the lease lapse and return the finished execution."""
     mfile = tmp_path / "markers"
-    first = AgentProcess(scenario, kernel, agent_id, SECRET, mfile, env)
+    first = agent_process(scenario, kernel, agent_id, SECRET, mfile, env)
     try:
-        url = await first.ready()
+        url = await first.webhook()
         await register(kernel, agent_id, url, SECRET)
         async with kernel.client() as client:
             ex = await client.create(agent_id, input)
             await eventually(lambda: wait_marker in markers(mfile), timeout=60, what=wait_marker)
             first.kill()  # SIGKILL mid-handler: nothing reported, the step stays executing
             assert (await client.get(ex.id)).status == "running"
-            second = AgentProcess(scenario, kernel, agent_id, SECRET, mfile, {**(env or {}), "RELEASE": "1"})
+            second = agent_process(scenario, kernel, agent_id, SECRET, mfile, {**(env or {}), "RELEASE": "1"})
             try:
-                await register(kernel, agent_id, await second.ready(), SECRET)
+                await register(kernel, agent_id, await second.webhook(), SECRET)
                 await kernel.advance(121)  # the killed attempt's lease lapses; the kernel redelivers
                 done = await client.wait(ex.id, timeout=60)
             finally:

@@ -14,10 +14,14 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from rebuno import Agent, ToolError, execution, http_client, tool
 from rebuno.mcp import wrap_mcp_tools
 
-from .harness import HERE, KernelProcess, count, eventually, register, serve_agent
+from .harness import HERE, KernelProcess, count, register, serve_agent
 from .scripted_llm import ScriptedLLM
 
 SECRET = "mcp-secret-0123456789"
+# A bound on waits for events that normally take a second, so that a broken
+# run fails instead of hanging; generous, because a loaded machine starts the
+# MCP server processes slowly.
+PATIENCE = 120.0
 
 
 def server_params(markers: Path) -> StdioServerParameters:
@@ -30,10 +34,13 @@ async def test_mcp_tools_record_and_replay(kernel_proc: KernelProcess, tmp_path:
     agent = Agent("mcp", secret=SECRET, base_url=kernel_proc.url)
     attempts: list[int | None] = []
     shapes: dict[str, Any] = {}
+    parked = asyncio.Event()
 
     @tool("hold")
     async def hold() -> str:
         if execution().dispatch_attempt == 1:
+            # Every MCP call before this one has its outcome recorded now.
+            parked.set()
             await asyncio.Event().wait()  # superseded: the second attempt replays everything before
         return "held"
 
@@ -60,9 +67,12 @@ async def test_mcp_tools_record_and_replay(kernel_proc: KernelProcess, tmp_path:
     async with serve_agent(agent) as served, kernel_proc.client() as client:
         await register(kernel_proc, "mcp", served.url + "/webhook", SECRET)
         ex = await client.create("mcp", None)
-        await eventually(lambda: count(mfile, "explode") == 1, what="MCP calls")
+        # Not the server's call marker: the clock must not move before the
+        # first attempt has recorded the outcome of its last MCP call, or the
+        # second attempt runs that call again.
+        await asyncio.wait_for(parked.wait(), PATIENCE)
         await kernel_proc.advance(121)  # supersede the first attempt: the second one replays
-        done = await client.wait(ex.id, timeout=30)
+        done = await client.wait(ex.id, timeout=PATIENCE)
         assert done.status == "completed", done
         assert attempts == [1, 2]
         assert done.output["total"] == {"result": 5}
@@ -104,7 +114,7 @@ async def test_mcp_tools_in_a_langchain_agent(kernel_proc: KernelProcess, tmp_pa
     async with serve_agent(agent) as served, kernel_proc.client() as client:
         await register(kernel_proc, "mcp-lc", served.url + "/webhook", SECRET)
         ex = await client.create("mcp-lc", {"task": "add 20 and 22"})
-        done = await client.wait(ex.id, timeout=30)
+        done = await client.wait(ex.id, timeout=PATIENCE)
         assert done.status == "completed", done
         assert "42" in done.output["answer"]
         assert server.requests[0]["tools"][0]["function"]["name"] == "add"

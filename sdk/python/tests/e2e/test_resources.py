@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ from typing import Any
 from rebuno import Agent, CheckpointPolicy, Client, CoveragePoint, CoverageRanges, Event, resource, tool
 from rebuno.drivers import LocalDirectory
 
-from .harness import HERE, SDK_DIR, KernelProcess, eventually, markers, register, serve_agent
+from .harness import HERE, ChildAgent, KernelProcess, eventually, files_of, markers, register, serve_agent
 
 SECRET = "resources-secret-0123456789"
 KEY = "workspace"
@@ -78,15 +75,6 @@ def oracle_ranges(events: list[Event]) -> list[tuple[int, int]]:
 def seq_of(events: list[Event], type_: str, target: str | None = None, nth: int = 0) -> int:
     found = [e.event_seq for e in events if e.type == type_ and (target is None or e.payload.get("target") == target)]
     return found[nth]
-
-
-def files_of(path: str) -> dict[str, str]:
-    out = {}
-    for dirpath, _, names in os.walk(path):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            out[os.path.relpath(p, path)] = Path(p).read_text()
-    return out
 
 
 async def assert_coverage_matches_oracle(client: Client, eid: str, events: list[Event]) -> None:
@@ -291,66 +279,27 @@ async def test_checkpoint_unavailable_fails_the_fork(kernel_proc: KernelProcess,
         assert (await client.get(eid)).status == "completed"
 
 
-class ResourceAgentProcess:
-    """`resource_agent_app.py` in a child process, so that it can be killed."""
-
-    def __init__(self, kernel: KernelProcess, agent_id: str, mfile: Path, root: Path,
-                 env: dict[str, str] | None = None) -> None:
-        full = dict(os.environ)
-        full.update({"REBUNO_URL": kernel.url, "REBUNO_AGENT_SECRET": SECRET, "AGENT_ID": agent_id,
-                     "MARKERS": str(mfile), "REBUNO_LOCAL_RESOURCES": str(root), "PYTHONUNBUFFERED": "1"})
-        full.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "resource_agent_app.py")], env=full,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(SDK_DIR))
-        self.output: list[str] = []
-        self.port: int | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            self.output.append(line)
-            if line.startswith("PORT ") and self.port is None:
-                self.port = int(line.split()[1])
-                self._ready.set()
-        self._ready.set()
-
-    async def url(self) -> str:
-        await eventually(lambda: self._ready.is_set(), timeout=60, what="agent process start")
-        if self.port is None:
-            raise RuntimeError("agent process failed:\n" + "".join(self.output))
-        return f"http://127.0.0.1:{self.port}/webhook"
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def resource_agent(kernel: KernelProcess, agent_id: str, mfile: Path, root: Path,
+                   env: dict[str, str] | None = None) -> ChildAgent:
+    """`resource_agent_app.py` in a child process."""
+    return ChildAgent(HERE / "resource_agent_app.py", kernel, agent_id, SECRET,
+                      env={"MARKERS": str(mfile), "REBUNO_LOCAL_RESOURCES": str(root), **(env or {})})
 
 
 async def test_kill_mid_tool_call_reopens_the_same_directory(kernel_proc: KernelProcess, tmp_path: Path) -> None:
     mfile, root = tmp_path / "markers", tmp_path / "res"
-    first = ResourceAgentProcess(kernel_proc, "crasher", mfile, root)
-    second: ResourceAgentProcess | None = None
+    first = resource_agent(kernel_proc, "crasher", mfile, root)
+    second: ChildAgent | None = None
     try:
-        await register(kernel_proc, "crasher", await first.url(), SECRET)
+        await register(kernel_proc, "crasher", await first.webhook(), SECRET)
         async with kernel_proc.client() as client:
             ex = await client.create("crasher", {"task": "crash"})
             await eventually(lambda: "slow:slow.txt" in markers(mfile), timeout=30, what="slow write")
             bound = await eventually(lambda: _bound_path(client, ex.id), what="binding")
             assert Path(bound, "slow.txt").read_text() == "2"
             first.kill()  # SIGKILL mid tool call: nothing reported, the step stays executing
-            second = ResourceAgentProcess(kernel_proc, "crasher", mfile, root, {"RELEASE": "1"})
-            await register(kernel_proc, "crasher", await second.url(), SECRET)
+            second = resource_agent(kernel_proc, "crasher", mfile, root, {"RELEASE": "1"})
+            await register(kernel_proc, "crasher", await second.webhook(), SECRET)
             await kernel_proc.advance(121)  # the killed attempt's lease lapses; the kernel redelivers
             done = await client.wait(ex.id, timeout=60)
             assert done.status == "completed", (done, "".join(second.output))
