@@ -335,6 +335,22 @@ async def test_a_template_is_the_initial_environment(tmp_path: Path) -> None:
     assert h2.path != h.path and tree(h2.path) == tree(str(tpl))
 
 
+async def test_special_permission_bits_are_left_out(driver: LocalDirectory) -> None:
+    # A workspace under a set-group-ID directory hands that bit to its
+    # folders: the manifest keeps the permission bits only, so the checkpoint
+    # restores (a manifest mode above 0o777 is refused as damage).
+    h, _ = await driver.create()
+    root = Path(h.path)
+    (root / "shared").mkdir()
+    os.chmod(root / "shared", 0o2775)
+    write(root / "shared" / "run", "#!/bin/sh\n", 0o755)
+    os.chmod(root / "shared" / "run", 0o4755)
+    ref = await driver.checkpoint(h)
+    restored, _ = await driver.create(ref)
+    assert stat.S_IMODE(os.stat(os.path.join(restored.path, "shared")).st_mode) == 0o775
+    assert stat.S_IMODE(os.stat(os.path.join(restored.path, "shared", "run")).st_mode) == 0o755
+
+
 async def test_a_restore_reproduces_the_checkpoint_exactly(driver: LocalDirectory) -> None:
     h, _ = await driver.create()
     root = Path(h.path)

@@ -18,7 +18,7 @@ import uuid
 from .durable import CHUNK, O_CLOEXEC, Syncer, read_upto, write_all
 from .handle import DirKey, Known, LocalDirectoryHandle
 from .layout import StoreLayout
-from .manifest import assemble, entry_bytes, utf8_name
+from .manifest import PERMISSION_BITS, assemble, entry_bytes, utf8_name
 
 __all__ = ["capture", "RACY_NS"]
 
@@ -237,7 +237,7 @@ def _walk(store: StoreLayout, cache: dict[str, Known], dir_fd: int, prefix: str,
             utf8_name(target, rel)
             parts.append((rel.encode("utf-8"), entry_bytes({"path": rel, "target": target, "type": "symlink"})))
         elif stat.S_ISDIR(mode):
-            parts.append((rel.encode("utf-8"), entry_bytes({"mode": stat.S_IMODE(mode), "path": rel,
+            parts.append((rel.encode("utf-8"), entry_bytes({"mode": mode & PERMISSION_BITS, "path": rel,
                                                             "type": "dir"})))
             sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | O_CLOEXEC, dir_fd=dir_fd)
             try:
@@ -281,6 +281,6 @@ def _store_object(store: StoreLayout, dir_fd: int, name: str, rel: str, st: os.s
     if (data is not None and len(data) != st.st_size) or \
             (after.st_mode, after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino, after.st_dev) != key:
         raise ValueError(f"{rel}: the file changed while it was captured")
-    entry = entry_bytes({"mode": stat.S_IMODE(st.st_mode), "path": rel, "sha256": digest, "size": st.st_size,
+    entry = entry_bytes({"mode": st.st_mode & PERMISSION_BITS, "path": rel, "sha256": digest, "size": st.st_size,
                          "type": "file"})
     return Known(key, rel.encode("utf-8"), entry, fan, obj)

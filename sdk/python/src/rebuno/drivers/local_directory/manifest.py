@@ -12,6 +12,10 @@ import json
 import re
 from typing import Any
 
+# A manifest records the permission bits of an entry and nothing else: set-user-ID, set-group-ID
+# and sticky bits describe the machine the tree came from, not the tree, and a restore never sets them.
+PERMISSION_BITS = 0o777
+
 __all__ = ["FORMAT", "REF", "Damaged", "manifest_bytes", "entry_bytes", "assemble", "utf8_name", "parse_manifest"]
 
 FORMAT = "rebuno.local_directory.v1"
@@ -86,7 +90,7 @@ def parse_manifest(data: bytes) -> list[dict[str, Any]]:
         types[path] = e["type"]
         if kind in ("dir", "file"):
             mode = e["mode"]
-            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= PERMISSION_BITS:
                 raise Damaged(f"invalid mode {mode!r} of {path!r}")
         if kind == "file":
             if not isinstance(e["sha256"], str) or _HEX.fullmatch(e["sha256"]) is None:
