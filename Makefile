@@ -17,7 +17,7 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno ./cmd/rebuno
 
-# The test build adds the settings of PROTOCOL §24.4 (manual clock, limiter faults).
+# The test build adds the settings of docs/protocol/configuration.md §4 (manual clock, limiter faults).
 build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
@@ -84,7 +84,7 @@ test-ts: build-test $(SDK_VENV)/.installed $(EXAMPLES_TS)/node_modules/.installe
 test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/upgrade
 
-## bench: the load generator of bench/ over real HTTP (PROTOCOL §29), then the Python SDK's
+## bench: the load generator of bench/ over real HTTP (docs/protocol/conformance.md §4), then the Python SDK's
 ## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback), then
 ## the capture overhead per step with LocalDirectory on a 1,000-file workspace, then the TypeScript
 ## row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential and 200 at

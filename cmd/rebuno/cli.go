@@ -16,9 +16,9 @@ import (
 	"github.com/rebuno/rebuno/internal/repl"
 )
 
-// clientCommands are the operator commands of §26.2 (`rebuno exec …`,
+// clientCommands are the operator commands of docs/protocol/configuration.md §6.2 (`rebuno exec …`,
 // `rebuno agent …`, and the nouns later features register). Their errors
-// are printed here with the exit codes of §26.2 (1 kernel error, 2 usage,
+// are printed here with the exit codes of docs/protocol/configuration.md §6.2 (1 kernel error, 2 usage,
 // 3 unreachable, 4 a watched execution failed), never as a stack trace.
 func clientCommands() []*cobra.Command {
 	app := cli.New(cli.Options{Version: version})
@@ -78,7 +78,7 @@ func (l replLogWriter) Write(b []byte) (int, error) {
 // logSink wraps the kernel's log writer for the REPL.
 func logSink(w io.Writer) io.Writer { return replLogWriter{w: w} }
 
-// startREPL starts the dev REPL (§27) when stdin is a terminal and --no-repl
+// startREPL starts the dev REPL (docs/protocol/configuration.md §7) when stdin is a terminal and --no-repl
 // is absent. done is closed when the operator quits (nil when no REPL runs);
 // stop closes the REPL and restores the terminal.
 func startREPL(s *settings, addr string) (done <-chan struct{}, stop func()) {

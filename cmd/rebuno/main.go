@@ -12,7 +12,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
-// Exit codes (§24.3, §26.2).
+// Exit codes (docs/protocol/configuration.md §3, §6.2).
 const (
 	exitOK      = 0
 	exitRuntime = 1

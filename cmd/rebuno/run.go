@@ -84,7 +84,7 @@ type opened struct {
 }
 
 // run serves the kernel on an opened store until a signal (or the REPL)
-// stops it, then shuts down in the order of §24.3.
+// stops it, then shuts down in the order of docs/protocol/configuration.md §3.
 func (p *process) run(o opened) error {
 	s, log := p.s, p.log
 	var clk clock.Clock = clock.Real{}

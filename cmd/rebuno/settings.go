@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// settings are the kernel's configuration (§24.2). Each value comes from its
+// settings are the kernel's configuration (docs/protocol/configuration.md §2). Each value comes from its
 // flag, else its environment variable, else its default; a value that does
 // not parse or is out of range stops startup naming both spellings.
 type settings struct {
@@ -43,7 +43,7 @@ type settings struct {
 	AllowedHosts         []string
 	AllowedOrigins       []string
 
-	// Server mode (§24.3).
+	// Server mode (docs/protocol/configuration.md §3).
 	DBURL         string
 	DBMaxConns    int64
 	DBMinConns    int64
@@ -312,7 +312,7 @@ func name(st setting) string {
 }
 
 // isLoopback reports whether a listen address only accepts local
-// connections (§24.3): an empty host listens everywhere.
+// connections (docs/protocol/configuration.md §3): an empty host listens everywhere.
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {

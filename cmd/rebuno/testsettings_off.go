@@ -10,7 +10,7 @@ import (
 	"github.com/rebuno/rebuno/internal/kernel"
 )
 
-// testSettings: release builds never honour the test-only settings (§24.4).
+// testSettings: release builds never honour the test-only settings (docs/protocol/configuration.md §4).
 func testSettings(log *slog.Logger) (*clock.Manual, kernel.Limiter, error) {
 	for _, name := range []string{"REBUNO_TEST_CLOCK", "REBUNO_TEST_LIMITER_FAULT"} {
 		if _, ok := os.LookupEnv(name); ok {

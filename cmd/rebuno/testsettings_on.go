@@ -11,7 +11,7 @@ import (
 	"github.com/rebuno/rebuno/internal/kernel"
 )
 
-// testSettings reads the test-only settings of §24.4: a manual clock when
+// testSettings reads the test-only settings of docs/protocol/configuration.md §4: a manual clock when
 // REBUNO_TEST_CLOCK=manual, and a failing limiter when
 // REBUNO_TEST_LIMITER_FAULT is error or timeout.
 func testSettings(*slog.Logger) (*clock.Manual, kernel.Limiter, error) {

@@ -1,6 +1,6 @@
 // Command go-agent is a Rebuno agent written against the raw HTTP protocol,
 // with no SDK: it shows gateway authors every message an agent exchanges with
-// the kernel (PROTOCOL.md §8.7–§8.8, §10, §13).
+// the kernel (docs/protocol/sdk.md §1–§2, docs/protocol/steps.md §1–§4, §10).
 //
 // It runs a small "research" program: search, fetch three pages, summarise.
 // Every effect is a step: the kernel says proceed (run it, then report the
@@ -71,12 +71,12 @@ type run struct {
 	lease       time.Duration
 	cancel      context.CancelFunc
 	// occurrences counts, per step identity, the calls made in this attempt,
-	// so that a submit whose answer was lost can be re-sent safely (§11.6).
+	// so that a submit whose answer was lost can be re-sent safely (docs/protocol/identity.md §7).
 	occurrences map[string]int64
 	renewed     time.Time
 }
 
-// webhook is step 1–4 of §8.7: verify, validate, answer at once, run later.
+// webhook is step 1–4 of docs/protocol/sdk.md §1: verify, validate, answer at once, run later.
 func (a *agent) webhook(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
@@ -114,7 +114,7 @@ func (a *agent) webhook(w http.ResponseWriter, r *http.Request) {
 		if !newer {
 			return
 		}
-		old.cancel() // the kernel fences the old attempt anyway (§9.5)
+		old.cancel() // the kernel fences the old attempt anyway (docs/protocol/dispatch.md §11)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rn := &run{executionID: wh.ExecutionID, dispatchID: wh.DispatchID, attempt: wh.DispatchAttempt,
@@ -270,7 +270,7 @@ func (a *agent) heartbeat(ctx context.Context, rn *run) {
 
 // call sends one signed request. Agent writes carry the dispatch headers so
 // the kernel can fence a superseded attempt. Transport failures are retried
-// with jittered backoff until the lease would have lapsed (§8.8).
+// with jittered backoff until the lease would have lapsed (docs/protocol/sdk.md §2).
 func (a *agent) call(ctx context.Context, rn *run, method, path string, body any, fenced bool, extra map[string]string, out any) error {
 	var raw []byte
 	if body != nil {
@@ -336,7 +336,7 @@ func (a *agent) send(ctx context.Context, rn *run, method, path string, body []b
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Rebuno-Agent-Id", a.id)
 	req.Header.Set("Rebuno-Timestamp", ts)
-	// The v1 signature binds method, target, time, dispatch and body (§4.3).
+	// The v1 signature binds method, target, time, dispatch and body (docs/protocol/auth.md §3).
 	msg := fmt.Appendf(nil, "rebuno-request-v1\n%s\n%s\n%s\n%s\n%s\n", method, req.URL.RequestURI(), ts, dispatchID, attempt)
 	sig := "v1=" + a.mac(append(msg, body...))
 	req.Header.Set("Rebuno-Signature", sig)

@@ -17,7 +17,7 @@ import (
 // it was exchanged for (the console's sign-in sets it).
 const SessionCookie = "rebuno_session"
 
-// authenticateBearer finds who a bearer caller is (§4.2 and the access
+// authenticateBearer finds who a bearer caller is (docs/protocol/auth.md §2 and the access
 // rules): the bootstrap token, a scoped API key, or a console session; with
 // auth off, an administrator unless a key says who. Then it checks the
 // route's role.
@@ -66,7 +66,7 @@ func (c *call) bearerPrincipal() (kernel.Principal, error) {
 		}
 	}
 	if authOff {
-		// Auth off ignores what it cannot use (§4.2).
+		// Auth off ignores what it cannot use (docs/protocol/auth.md §2).
 		return kernel.Admin, nil
 	}
 	c.log().Info("bearer authentication failed")

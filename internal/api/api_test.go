@@ -297,7 +297,7 @@ func TestUnknownRoutesAndMethods(t *testing.T) {
 	}
 }
 
-// TestOrderOfChecks walks §3.6: route and method, body size, authentication,
+// TestOrderOfChecks walks docs/protocol/http.md §8: route and method, body size, authentication,
 // syntax, existence and ownership, state.
 func TestOrderOfChecks(t *testing.T) {
 	v := newEnv(t, withToken, func(o *Options) { o.MaxBodyBytes = 65536 })

@@ -63,7 +63,7 @@ func (c *envelopeConn) CloseWrite() error {
 }
 
 // envelopeAnswer is the server's answer with its status kept and the body in
-// the envelope of §5.1. Every such answer is about the request's syntax, so
+// the envelope of docs/protocol/errors.md §1. Every such answer is about the request's syntax, so
 // its code is validation_error.
 func envelopeAnswer(code, reason []byte) []byte {
 	text := "malformed request"

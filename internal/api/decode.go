@@ -12,7 +12,7 @@ import (
 
 var invalid = kernel.Validation
 
-// fields reads the members of a JSON request body with the rules of §3.3:
+// fields reads the members of a JSON request body with the rules of docs/protocol/http.md §5:
 // unknown members are refused, kernel-defined members must have their type,
 // and null is the same as absence.
 type fields struct {
@@ -153,7 +153,7 @@ func (f *fields) object(name string) []byte {
 	return v.Raw
 }
 
-// ---- path, query and header parameters (§3.4) ----
+// ---- path, query and header parameters (docs/protocol/http.md §6) ----
 
 // parseUUID accepts the 8-4-4-4-12 form in either case and lowercases it.
 func parseUUID(field, s string) (string, error) {
@@ -238,7 +238,7 @@ func (c *call) queryInt(name string) (int64, bool, error) {
 	return n, true, nil
 }
 
-// dispatchHeaders reads the optional dispatch headers (§6).
+// dispatchHeaders reads the optional dispatch headers (docs/protocol/http.md §10).
 func (c *call) dispatchHeaders() (kernel.DispatchHeaders, error) {
 	var h kernel.DispatchHeaders
 	if vals := c.r.Header.Values(wire.HeaderDispatchID); len(vals) > 0 {

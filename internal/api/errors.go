@@ -13,7 +13,7 @@ import (
 )
 
 // statusOf maps every error code to its HTTP status: the one place where
-// kernel refusals become HTTP (§5.2).
+// kernel refusals become HTTP (docs/protocol/errors.md §2).
 var statusOf = map[string]int{
 	wire.CodeValidation:        http.StatusBadRequest,
 	wire.CodeUnauthorized:      http.StatusUnauthorized,
@@ -35,7 +35,7 @@ var (
 	errRouteMissing = &kernel.Error{Code: wire.CodeNotFound, Message: "route not found"}
 )
 
-// writeError answers err with the envelope of §5.1. Internal detail is logged,
+// writeError answers err with the envelope of docs/protocol/errors.md §1. Internal detail is logged,
 // never returned.
 func (c *call) writeError(err error) {
 	var ke *kernel.Error

@@ -139,7 +139,7 @@ func handleCreate(c *call) error {
 }
 
 // idempotencyKey merges the Idempotency-Key header with a body field; both
-// present must agree (§7.1).
+// present must agree (docs/protocol/executions.md §2).
 func (c *call) idempotencyKey(bodyKey string, inBody bool) (string, error) {
 	vals := c.r.Header.Values(wire.HeaderIdempotencyKey)
 	if len(vals) > 1 {
@@ -277,7 +277,7 @@ func handleCancel(c *call) error {
 }
 
 // handleSteps streams the array page by page so that a long history is
-// never held in memory whole (§7.2).
+// never held in memory whole (docs/protocol/executions.md §3).
 func handleSteps(c *call) error {
 	id, err := c.executionID()
 	if err != nil {
@@ -356,7 +356,7 @@ func handlePrevious(c *call) error {
 
 // ---- agent routes ----
 
-// agentWrite is what every agent write carries, read in the order of §3.6:
+// agentWrite is what every agent write carries, read in the order of docs/protocol/http.md §8:
 // the execution in the path, the step when the route names one, the
 // dispatch headers, and the JSON body with its known fields (none read when
 // the route takes no body).
@@ -737,7 +737,7 @@ func handleTestClock(c *call) error {
 // ---- agent secrets ----
 
 // secretCache keeps agent secrets for a second: signature checks then cost no
-// store read, and a changed secret applies within the 2 s of §21.1.
+// store read, and a changed secret applies within the 2 s of docs/protocol/governance.md §4.1.
 type secretCache struct {
 	k  *kernel.Kernel
 	mu sync.Mutex

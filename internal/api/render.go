@@ -7,7 +7,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// The renderers write the resource shapes of §2. They embed user JSON
+// The renderers write the resource shapes of docs/protocol/README.md §5. They embed user JSON
 // verbatim, which is why they do not go through encoding/json.
 
 func renderExecution(e *store.Execution) *jsonx.Object {

@@ -10,7 +10,7 @@ import (
 )
 
 // parseCaptures reads the capture lists of a step outcome or a publish
-// (RESOURCES-AND-FORKS §3.4). A ref that is not a string is taken as "",
+// (docs/protocol/resources.md §4). A ref that is not a string is taken as "",
 // so that a driver bug costs a refused capture, not the outcome.
 func parseCaptures(f *fields) (kernel.Captures, error) {
 	var caps kernel.Captures
@@ -77,7 +77,7 @@ func (c *call) resourceKey() (string, error) {
 }
 
 // canonical returns a user value's canonical JSON: configurations and
-// bindings are compared as canonical JSON (§1).
+// bindings are compared as canonical JSON (docs/protocol/resources.md §1).
 func canonical(v *jsonx.Value) []byte {
 	if v == nil {
 		return nil

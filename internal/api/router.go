@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// authKind says how a route authenticates its caller (§4.1).
+// authKind says how a route authenticates its caller (docs/protocol/auth.md §1).
 type authKind int
 
 const (
@@ -24,7 +24,7 @@ const (
 	bodyEmpty                 // read (to sign it) and required to be empty: the heartbeat
 )
 
-// route is one row of the route table (§6). Patterns are matched segment by
+// route is one row of the route table (docs/protocol/http.md §10). Patterns are matched segment by
 // segment; a segment in braces captures a parameter.
 type route struct {
 	method  string
@@ -48,7 +48,7 @@ func (r *route) needs(role string) *route {
 }
 
 // router matches paths exactly: no cleaning, no redirects, a trailing slash
-// is a different (unknown) path, as §3.5 requires.
+// is a different (unknown) path, as docs/protocol/http.md §7 requires.
 type router struct {
 	routes []*route
 }

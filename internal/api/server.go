@@ -1,6 +1,6 @@
 // Package api is the HTTP face of the kernel: each handler parses a request,
 // calls one kernel verb and writes JSON. Authentication, the order of checks
-// of §3.6 and the mapping of errors to statuses live here once.
+// of docs/protocol/http.md §8 and the mapping of errors to statuses live here once.
 package api
 
 import (
@@ -66,7 +66,7 @@ func New(k *kernel.Kernel, opt Options) *Server {
 	return s
 }
 
-// Drain turns readiness off and ends every open stream (§24.3).
+// Drain turns readiness off and ends every open stream (docs/protocol/configuration.md §3).
 func (s *Server) Drain() {
 	if s.draining.CompareAndSwap(false, true) {
 		close(s.shutdown)
@@ -93,7 +93,7 @@ func (c *call) log() *slog.Logger {
 
 func (c *call) ctx() context.Context { return c.r.Context() }
 
-// writeJSON writes one JSON value followed by a newline (§3.1).
+// writeJSON writes one JSON value followed by a newline (docs/protocol/http.md §1).
 func (c *call) writeJSON(status int, body []byte) {
 	c.w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	c.w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
@@ -154,7 +154,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pattern = rt.method + " " + rt.pattern
 	c.route, c.params = rt, params
 	if !rt.streaming {
-		// Non-streaming routes get the 60 s write timeout of §3.7.
+		// Non-streaming routes get the 60 s write timeout of docs/protocol/http.md §9.
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(60 * time.Second))
 	}
 	if err := c.readBody(); err != nil {
@@ -174,7 +174,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// readBody enforces the body limit of §3.2 before anything else reads it.
+// readBody enforces the body limit of docs/protocol/http.md §3 before anything else reads it.
 func (c *call) readBody() error {
 	if c.route.body == bodyNone && c.route.auth != authHMAC {
 		return nil
@@ -195,7 +195,7 @@ func (c *call) readBody() error {
 	return nil
 }
 
-// authenticate applies §4: bearer, HMAC or dual by route.
+// authenticate applies docs/protocol/auth.md: bearer, HMAC or dual by route.
 func (c *call) authenticate() error {
 	kind := c.route.auth
 	if kind == authDual {

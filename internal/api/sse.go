@@ -16,7 +16,7 @@ const (
 )
 
 // sseWriter writes frames with a per-write deadline: a client that does not
-// read for 30 s is disconnected (§15) and resumes with Last-Event-ID.
+// read for 30 s is disconnected (docs/protocol/events.md §4) and resumes with Last-Event-ID.
 type sseWriter struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController
@@ -58,7 +58,7 @@ func (c *call) openStream(kind string) (*sseWriter, func(), error) {
 	return sw, done, nil
 }
 
-// handleEventStream tails an execution's log (§15). The store is the source
+// handleEventStream tails an execution's log (docs/protocol/events.md §4). The store is the source
 // of truth: commits only wake the stream, which then reads what is new.
 func handleEventStream(c *call) error {
 	id, err := c.executionID()
@@ -132,7 +132,7 @@ func handleEventStream(c *call) error {
 	}
 }
 
-// oneLine keeps an event on one `data:` line (§15). Verbatim user JSON may
+// oneLine keeps an event on one `data:` line (docs/protocol/events.md §4). Verbatim user JSON may
 // hold line breaks, which in valid JSON are only ever insignificant
 // whitespace: turning them into spaces leaves the same value.
 func oneLine(b []byte) []byte {
@@ -144,7 +144,7 @@ func oneLine(b []byte) []byte {
 	return b
 }
 
-// resumePoint reads Last-Event-ID, else after_seq, else 0 (§15).
+// resumePoint reads Last-Event-ID, else after_seq, else 0 (docs/protocol/events.md §4).
 func (c *call) resumePoint() (int64, error) {
 	if vals := c.r.Header.Values(wire.HeaderLastEventID); len(vals) > 0 {
 		if len(vals) > 1 {
@@ -160,7 +160,7 @@ func (c *call) resumePoint() (int64, error) {
 	return n, err
 }
 
-// handleDeltaStream relays live deltas of an execution's running steps (§16).
+// handleDeltaStream relays live deltas of an execution's running steps (docs/protocol/events.md §5).
 func handleDeltaStream(c *call) error {
 	id, err := c.executionID()
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package auth decides whether a request is authentic (PROTOCOL §4): bearer
+// Package auth decides whether a request is authentic (docs/protocol/auth.md): bearer
 // tokens for clients, HMAC request signatures for agents. It does no I/O and
 // keeps no state, so the HTTP layer stays the only place that reads bodies,
 // looks up agents and writes responses, and these rules can be tested on their
@@ -48,7 +48,7 @@ type Request struct {
 
 // Options for Verify.
 type Options struct {
-	// Now is the real clock, never a test build's manual clock (§4.3): the
+	// Now is the real clock, never a test build's manual clock (docs/protocol/auth.md §3): the
 	// window limits replay in wall-clock time.
 	Now time.Time
 	// RequireV1 refuses legacy body-only signatures (--require-v1-signatures).
@@ -74,7 +74,7 @@ var (
 )
 
 // Verify checks the Rebuno-Signature of req against secret, the agent's secret
-// as UTF-8 bytes (PROTOCOL §4.3). It returns nil when the request is authentic;
+// as UTF-8 bytes (docs/protocol/auth.md §3). It returns nil when the request is authentic;
 // otherwise the error names the cause, for the log only.
 func Verify(req Request, secret []byte, opt Options) error {
 	// With an empty key anyone can compute the MAC; registration refuses such
@@ -208,7 +208,7 @@ func SignV1(secret []byte, method, target, timestamp, dispatchID, attempt string
 }
 
 // SignBody returns the body-only signature: the legacy request signature and
-// the signature of the kernel's webhooks (§8.3).
+// the signature of the kernel's webhooks (docs/protocol/dispatch.md §4).
 func SignBody(secret, body []byte) string {
 	return wire.SignaturePrefixLegacy + hex.EncodeToString(sum(secret, body))
 }

@@ -367,7 +367,7 @@ func TestBearerOK(t *testing.T) {
 }
 
 func TestSignBodyIsNeverV1(t *testing.T) {
-	// A webhook signature must not pass as a v1 request signature (§4.6).
+	// A webhook signature must not pass as a v1 request signature (docs/protocol/auth.md §6).
 	r := vec3.request(SignBody(secret, nil))
 	if err := Verify(r, secret, Options{Now: vecNow, RequireV1: true}); !errors.Is(err, errLegacyRefused) {
 		t.Fatalf("Verify = %v, want %v", err, errLegacyRefused)

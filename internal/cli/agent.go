@@ -224,7 +224,7 @@ func (a *App) addAgents(cmd *cobra.Command, specs []config.ManifestAgent) error 
 	}
 	ctx := ctxOf(cmd)
 	// Validate every bundle first, so that a bad one writes nothing. The
-	// policy route validates before it looks the agent up (§21.3), so a
+	// policy route validates before it looks the agent up (docs/protocol/governance.md §4.3), so a
 	// probe id that names no agent answers 404 for a valid bundle.
 	probe := "rebuno-cli-check-" + randomHex(8)
 	for _, s := range specs {

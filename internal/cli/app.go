@@ -1,5 +1,5 @@
 // Package cli is the operator's command-line client of a Rebuno kernel
-// (PROTOCOL.md §26.2): `rebuno exec …` and `rebuno agent …`, the live
+// (docs/protocol/configuration.md §6.2): `rebuno exec …` and `rebuno agent …`, the live
 // timeline that `exec watch` and `exec events` print, and the error and exit
 // code conventions that scripts rely on. The dev REPL (internal/repl) runs the
 // very same commands in process.
@@ -26,7 +26,7 @@ import (
 	"golang.org/x/term"
 )
 
-// Environment variables read by the client (§26.2).
+// Environment variables read by the client (docs/protocol/configuration.md §6.2).
 const (
 	EnvURL         = "REBUNO_URL"
 	EnvAPIKey      = "REBUNO_API_KEY"

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// `rebuno approvals …` (PROTOCOL.md §18, §26.2): list, show, grant and deny
+// `rebuno approvals …` (docs/protocol/governance.md §1, docs/protocol/configuration.md §6.2): list, show, grant and deny
 // the approvals that require_approval rules create.
 
 // Environment variables naming the person who decides (`--by`).
@@ -22,10 +22,10 @@ const (
 
 var approvalStatuses = []string{"pending", "granted", "denied", "expired"}
 
-// maxApprovalPage is the kernel's page size for approvals (§18.2).
+// maxApprovalPage is the kernel's page size for approvals (docs/protocol/governance.md §1.2).
 const maxApprovalPage = 1000
 
-// Approval is the resource of §2.5.
+// Approval is the resource of docs/protocol/governance.md §1.1.
 type Approval struct {
 	ID          string     `json:"id"`
 	StepID      string     `json:"step_id"`

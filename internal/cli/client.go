@@ -148,7 +148,7 @@ func (c *Client) transportError(ctx context.Context, err error) error {
 		Hint: "start a kernel with `rebuno dev`, or point --url / " + EnvURL + " at a running one"}
 }
 
-// envelope is the error body of §5.1.
+// envelope is the error body of docs/protocol/errors.md §1.
 type envelope struct {
 	Code    string         `json:"code"`
 	Message string         `json:"message"`

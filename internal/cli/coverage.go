@@ -11,8 +11,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// `rebuno exec coverage` (PROTOCOL.md §26.2 row 34, RESOURCES-AND-FORKS.md
-// §3.5, §4): for every event of an execution, whether a fork there would be
+// `rebuno exec coverage` (docs/protocol/configuration.md §6.2 route 34, docs/protocol/resources.md §5.3, §5): for every event of an execution, whether a fork there would be
 // covered — every resource restored exactly as it was — and which checkpoint
 // it would restore.
 
@@ -20,7 +19,7 @@ func init() {
 	RegisterExecVerb(func(a *App) *cobra.Command { return a.execCoverage() })
 }
 
-// CoverageRanges is the ranges answer of §3.5.
+// CoverageRanges is the ranges answer of docs/protocol/resources.md §5.3.
 type CoverageRanges struct {
 	ExecutionID  string     `json:"execution_id"`
 	LastEventSeq int64      `json:"last_event_seq"`
@@ -32,7 +31,7 @@ type CoverageRanges struct {
 	} `json:"resources"`
 }
 
-// CoveragePoint is the point answer of §3.5.
+// CoveragePoint is the point answer of docs/protocol/resources.md §5.3.
 type CoveragePoint struct {
 	ExecutionID string          `json:"execution_id"`
 	AtSeq       int64           `json:"at_seq"`

@@ -11,7 +11,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Exit codes (§26.2).
+// Exit codes (docs/protocol/configuration.md §6.2).
 const (
 	ExitOK          = 0
 	ExitKernelError = 1
@@ -37,7 +37,7 @@ func usagef(cmd *cobra.Command, format string, args ...any) error {
 	return &UsageError{Msg: fmt.Sprintf(format, args...), Cmd: path}
 }
 
-// APIError is an error answer of the kernel (§5): exit 1.
+// APIError is an error answer of the kernel (docs/protocol/errors.md): exit 1.
 type APIError struct {
 	Status  int
 	Code    string
@@ -70,7 +70,7 @@ type EndedError struct {
 
 func (e *EndedError) Error() string { return "execution " + e.ID + " ended " + e.Status }
 
-// ExitCode maps an error to the exit code of §26.2.
+// ExitCode maps an error to the exit code of docs/protocol/configuration.md §6.2.
 func ExitCode(err error) int {
 	var ue *UsageError
 	var ae *APIError
@@ -92,7 +92,7 @@ func ExitCode(err error) int {
 }
 
 // Report prints err for a person on w and returns its exit code. Kernel
-// errors are printed as `error: <code>: <message>` (§26.2), followed by a
+// errors are printed as `error: <code>: <message>` (docs/protocol/configuration.md §6.2), followed by a
 // hint when there is an action to suggest.
 func Report(w io.Writer, err error) int {
 	if err == nil {

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// `rebuno exec fork` and `rebuno exec forks` (PROTOCOL.md §26.2 rows 32–33,
-// RESOURCES-AND-FORKS.md §5), and the lineage that `exec get` shows for a
+// `rebuno exec fork` and `rebuno exec forks` (docs/protocol/configuration.md §6.2 routes 32–33,
+// docs/protocol/forks.md), and the lineage that `exec get` shows for a
 // fork: where it came from and how its resources were restored.
 
 func init() {
@@ -53,7 +53,7 @@ func members(raw json.RawMessage) []member {
 }
 
 // Restore is how a fork's copy of one resource was restored (the entries
-// of `restoration`, §5.3): from the checkpoint Ref taken at source event Seq,
+// of `restoration`, docs/protocol/forks.md §3): from the checkpoint Ref taken at source event Seq,
 // or from the initial environment when Seq is 0; Covered says whether that
 // checkpoint holds exactly the state at the fork point.
 type Restore struct {

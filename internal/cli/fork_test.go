@@ -105,7 +105,7 @@ func pointText(pt CoveragePoint) string {
 }
 
 // TestPointsFromLog computes the per-event answers of Example E's fork F
-// (RESOURCES-AND-FORKS.md §4.3): copied checkpoints are written after the
+// (docs/protocol/resources.md §7): copied checkpoints are written after the
 // copied events, so their covered_seq, not their own seq, places them.
 func TestPointsFromLog(t *testing.T) {
 	logTypes := map[int64]string{

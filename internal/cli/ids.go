@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// ShortIDLen is how many hex digits `exec ls` shows (§26.2).
+// ShortIDLen is how many hex digits `exec ls` shows (docs/protocol/configuration.md §6.2).
 const ShortIDLen = 8
 
 // MinSuffixLen is the shortest suffix accepted as an id.

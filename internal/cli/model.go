@@ -7,7 +7,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Execution is the resource of §2.1 as the client reads it.
+// Execution is the resource of docs/protocol/executions.md §1 as the client reads it.
 type Execution struct {
 	ID            string          `json:"id"`
 	AgentID       string          `json:"agent_id"`
@@ -28,13 +28,13 @@ type Execution struct {
 	ResourceKeys  []string        `json:"resource_keys"`
 }
 
-// Page is the list answer of §2.2, with each execution's bytes kept.
+// Page is the list answer of docs/protocol/executions.md §1, with each execution's bytes kept.
 type Page struct {
 	Executions []json.RawMessage `json:"executions"`
 	NextCursor string            `json:"next_cursor"`
 }
 
-// Event is the event of §2.4.
+// Event is the event of docs/protocol/events.md §1.
 type Event struct {
 	ExecutionID string          `json:"execution_id"`
 	Seq         int64           `json:"event_seq"`
@@ -43,7 +43,7 @@ type Event struct {
 	OccurredAt  time.Time       `json:"occurred_at"`
 }
 
-// Step is the step of §2.3.
+// Step is the step of docs/protocol/steps.md §11.
 type Step struct {
 	StepID      string          `json:"step_id"`
 	Kind        string          `json:"kind"`
@@ -58,7 +58,7 @@ type Step struct {
 	CompletedAt *time.Time      `json:"completed_at"`
 }
 
-// Agent is the agent of §2.6.
+// Agent is the agent of docs/protocol/governance.md §4.1.
 type Agent struct {
 	ID                  string          `json:"id"`
 	WebhookURL          string          `json:"webhook_url"`

@@ -20,7 +20,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// `rebuno policy …` (PROTOCOL.md §19, §26.2): check and explain run the
+// `rebuno policy …` (docs/protocol/governance.md §2, docs/protocol/configuration.md §6.2): check and explain run the
 // kernel's own validator and evaluator locally; test replays a candidate
 // bundle over recorded steps read through the API; set, get and rm load,
 // read back and remove an agent's bundle through the admin API.
@@ -132,7 +132,7 @@ func (a *App) policyCheck() *cobra.Command {
 		Use:   "check <file>",
 		Short: "Validate a policy bundle locally (every problem, with its line)",
 		Long: "Validate a policy bundle exactly as the kernel does before it stores one\n" +
-			"(PROTOCOL.md §19.3), without contacting a kernel. Prints ok, or every problem as\n" +
+			"(docs/protocol/governance.md §2.3), without contacting a kernel. Prints ok, or every problem as\n" +
 			"FILE:LINE: key.path: problem. Exit status 1 when the bundle is invalid.",
 		Example: "  rebuno policy check examples/policies/coder.yaml",
 		Args:    exactArgs("file"),

@@ -7,14 +7,13 @@ import (
 	"strings"
 )
 
-// The timeline's lines for resources and forks (RESOURCES-AND-FORKS.md
-// §3.6): registrations with their driver and checkpoint policy, bindings,
+// The timeline's lines for resources and forks (docs/protocol/resources.md §6): registrations with their driver and checkpoint policy, bindings,
 // accepted captures with the event they cover from, refused captures with
 // the refusal explained, the restores of a fork, and what a step start
 // declares and which generations it raised.
 
 // refusals explain, briefly enough to fit a timeline line, the tokens with
-// which the kernel refuses a capture (RESOURCES-AND-FORKS.md §3.4).
+// which the kernel refuses a capture (docs/protocol/resources.md §4).
 var refusals = map[string]string{
 	"unknown_resource":        "the key is not registered",
 	"missing_checkpoint_ref":  "the ref is empty",

@@ -67,7 +67,7 @@ type followOptions struct {
 	Idle time.Duration
 }
 
-// follow tails the event log of id after seq `after` (§15) and calls onEvent
+// follow tails the event log of id after seq `after` (docs/protocol/events.md §4) and calls onEvent
 // for every event exactly once, in order, until the execution ends. When the
 // connection drops — the kernel restarted, say — it reconnects with
 // Last-Event-ID, backing off while the kernel is down, and fills any gap from
@@ -150,7 +150,7 @@ func (a *App) follow(ctx context.Context, c *Client, id string, after int64, opt
 			})
 			resp.Body.Close()
 			if ended {
-				// Nothing can follow the end frame (§7.8); read the log once
+				// Nothing can follow the end frame (docs/protocol/executions.md §9); read the log once
 				// more in case a frame was unreadable.
 				if err := fill(math.MaxInt64); err != nil {
 					return "", err

@@ -25,7 +25,7 @@ type ManifestAgent struct {
 	Line                int    // line of the agent's entry in the manifest, for messages
 }
 
-// Manifest keys. Field rules beyond presence and type (§21.2) are left to the
+// Manifest keys. Field rules beyond presence and type (docs/protocol/governance.md §4.2) are left to the
 // kernel so that the manifest and the HTTP API cannot disagree about them.
 const (
 	keyAgents     = "agents"

@@ -33,7 +33,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// pollInterval is the fallback for missed wake-ups (§8.1: at least once a second).
+// pollInterval is the fallback for missed wake-ups (docs/protocol/dispatch.md §2: at least once a second).
 const pollInterval = time.Second
 
 // lockedRetry is how soon a claim that found its execution locked by another
@@ -72,7 +72,7 @@ func New(k *kernel.Kernel, limits Limits, timeout time.Duration, version string,
 		k: k,
 		client: &http.Client{
 			Transport: transport,
-			// A redirect is a failed attempt (§8.3).
+			// A redirect is a failed attempt (docs/protocol/dispatch.md §4).
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		limits:   limits,
@@ -227,7 +227,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ref store.DispatchRef, del *ke
 	}
 }
 
-// Body is the exact webhook body of §8.3: fixed key order, no whitespace.
+// Body is the exact webhook body of docs/protocol/dispatch.md §4: fixed key order, no whitespace.
 func Body(del *kernel.Delivery) []byte {
 	return fmt.Appendf(nil, `{"execution_id":"%s","dispatch_id":"%s","dispatch_attempt":%d,"lease_timeout_seconds":%d}`,
 		del.ExecutionID, del.DispatchID, del.Attempt, del.LeaseTimeout)

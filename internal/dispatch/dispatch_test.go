@@ -187,7 +187,7 @@ func TestDeliverySuccess(t *testing.T) {
 	if !strings.HasPrefix(h.Get(wire.HeaderSignature), "sha256=") {
 		t.Fatalf("signature %q is not the legacy body-only form", h.Get(wire.HeaderSignature))
 	}
-	// The agent verifies the signature over the exact body (§8.7), and it is
+	// The agent verifies the signature over the exact body (docs/protocol/sdk.md §1), and it is
 	// never a valid v1 request signature.
 	areq := auth.Request{Method: http.MethodPost, Target: "/hook", Header: h, Body: req.body}
 	if err := auth.Verify(areq, []byte(secret), auth.Options{Now: time.Now()}); err != nil {

@@ -5,7 +5,7 @@ package events
 
 import "sync"
 
-// Delta is one live chunk of a running step's output (§16).
+// Delta is one live chunk of a running step's output (docs/protocol/events.md §5).
 type Delta struct {
 	StepID string
 	Seq    int64

@@ -1,4 +1,4 @@
-// Package identity computes the args hash and the step id (§11). Both are
+// Package identity computes the args hash and the step id (docs/protocol/identity.md). Both are
 // recorded with every step and compared on replay, and they must be
 // bit-exact with the public Rebuno kernel, so nothing here may change.
 package identity
@@ -11,12 +11,12 @@ import (
 	"github.com/rebuno/rebuno/internal/jsonx"
 )
 
-// maxDepth is the nesting limit of §3.3, applied when raw args are parsed
+// maxDepth is the nesting limit of docs/protocol/http.md §5, applied when raw args are parsed
 // here so that a hash is only ever produced for args a request could carry.
 const maxDepth = 128
 
 // ArgsHash returns the lowercase hex SHA-256 of the canonical JSON of args.
-// A nil args (absent) hashes like JSON null, as §11.2 rule 1 requires.
+// A nil args (absent) hashes like JSON null, as docs/protocol/identity.md §2 rule 1 requires.
 func ArgsHash(args *jsonx.Value) string {
 	// Small args are canonicalised on the stack; large ones spill to the heap.
 	var buf [512]byte
@@ -37,7 +37,7 @@ func ArgsHashBytes(raw []byte) (string, error) {
 	return ArgsHash(v), nil
 }
 
-// StepID returns the step id of §11.3. The fields are length-prefixed so
+// StepID returns the step id of docs/protocol/identity.md §4. The fields are length-prefixed so
 // that no choice of target or kind can make two different field tuples
 // produce the same preimage.
 func StepID(executionID, kind, target, argsHash string, occurrence int64) string {

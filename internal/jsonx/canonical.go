@@ -6,12 +6,12 @@ import (
 	"unicode/utf8"
 )
 
-// Canonical returns the canonical form of v (§11.2), the bytes that step
+// Canonical returns the canonical form of v (docs/protocol/identity.md §2), the bytes that step
 // identity hashes. A nil v is JSON null, because absent args and null args
 // must hash alike.
 //
 // Numbers are written from Raw, so a hand-built number Value needs Raw set.
-// If a hand-built object repeats a key, the last occurrence is kept, as §11.2
+// If a hand-built object repeats a key, the last occurrence is kept, as docs/protocol/identity.md §2
 // prescribes for standalone implementations; Parse never produces one.
 func Canonical(v *Value) []byte {
 	n := 4
@@ -63,7 +63,7 @@ func appendCanonicalObject(dst []byte, mem []Member) []byte {
 	}
 	// Sort a permutation rather than the members: Members is the caller's
 	// input-order view and must not change. Go compares strings bytewise,
-	// which is exactly the UTF-8 byte order §11.2 asks for. The sort is
+	// which is exactly the UTF-8 byte order docs/protocol/identity.md §2 asks for. The sort is
 	// stable so that, among repeated keys, the last in input order is last.
 	var small [16]int32
 	order := small[:0]
@@ -123,7 +123,7 @@ func CanonicalBytes(data []byte, maxDepth int) ([]byte, error) {
 }
 
 // Stringify turns a value into the text that policy argument predicates
-// compare (§19.5). It deliberately avoids any language's number or
+// compare (docs/protocol/governance.md §2.5). It deliberately avoids any language's number or
 // collection formatting so that every implementation agrees.
 func Stringify(v *Value) string {
 	if v == nil {
@@ -156,7 +156,7 @@ var asciiPlain = func() (t [utf8.RuneSelf]bool) {
 }()
 
 // AppendString appends s as a JSON string using exactly the escaping of
-// §11.2, so that strings the kernel writes itself and strings in canonical
+// docs/protocol/identity.md §2, so that strings the kernel writes itself and strings in canonical
 // JSON look the same. Any invalid UTF-8 in s is written as U+FFFD: the output
 // must be valid JSON, and strings from Parse never contain any.
 func AppendString(dst []byte, s string) []byte {

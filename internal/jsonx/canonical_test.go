@@ -63,7 +63,7 @@ func TestCanonicalBytesError(t *testing.T) {
 	}
 }
 
-// TestCanonicalHandBuilt covers Values not made by Parse: §11.2 has the last
+// TestCanonicalHandBuilt covers Values not made by Parse: docs/protocol/identity.md §2 has the last
 // occurrence of a repeated key win, and nil means absent (null).
 func TestCanonicalHandBuilt(t *testing.T) {
 	num := func(s string) *Value { return &Value{Kind: KindNumber, Raw: []byte(s)} }

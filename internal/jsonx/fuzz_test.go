@@ -8,7 +8,7 @@ import (
 
 // FuzzParse checks Parse against encoding/json, which serves as an
 // independent implementation: whatever Parse accepts must be valid JSON, and
-// because encoding/json sorts map keys bytewise, escapes exactly as §11.2
+// because encoding/json sorts map keys bytewise, escapes exactly as docs/protocol/identity.md §2
 // does and (with UseNumber) keeps number literals, re-marshalling its decoding
 // must give the same bytes as Canonical.
 func FuzzParse(f *testing.F) {

@@ -1,6 +1,6 @@
 // Package jsonx is the kernel's JSON layer: a strict parser that keeps the
-// exact input bytes of every value (user JSON is stored verbatim, §1.3), the
-// canonical form that step identity hashes (§11.2), and a small writer for the
+// exact input bytes of every value (user JSON is stored verbatim, docs/protocol/README.md §3), the
+// canonical form that step identity hashes (docs/protocol/identity.md §2), and a small writer for the
 // objects the kernel generates around those verbatim values.
 //
 // encoding/json is not used for any of this: it accepts duplicate keys and
@@ -102,7 +102,7 @@ func (e *Error) Error() string {
 }
 
 // Parse parses exactly one JSON value (RFC 8259), optionally surrounded by
-// space, tab, LF or CR. It is stricter than the RFC requires, as §3.3 asks:
+// space, tab, LF or CR. It is stricter than the RFC requires, as docs/protocol/http.md §5 asks:
 // invalid UTF-8 anywhere, duplicate keys (compared after decoding) in any
 // object, and more than maxDepth nested arrays/objects are all refused.
 // Numbers are checked against the grammar but never converted, so any
@@ -555,7 +555,7 @@ func (p *parser) strEscaped(i, j int) (string, int, *Error) {
 				if utf16.IsSurrogate(r) {
 					// Only a high surrogate immediately followed by an escaped
 					// low one is a pair; anything else is a lone surrogate,
-					// which §3.3 accepts and decodes as U+FFFD.
+					// which docs/protocol/http.md §5 accepts and decodes as U+FFFD.
 					r2, ok := rune(0), false
 					if r < 0xdc00 && j+1 < len(data) && data[j] == '\\' && data[j+1] == 'u' {
 						r2, ok = hex4(data, j+2)
@@ -610,7 +610,7 @@ func hex4(data []byte, i int) (rune, bool) {
 }
 
 // number checks the RFC 8259 number grammar from i and returns the end
-// offset. The text is never converted: §11.2 hashes the literal as written.
+// offset. The text is never converted: docs/protocol/identity.md §2 hashes the literal as written.
 func (p *parser) number(i int) (int, *Error) {
 	data := p.data
 	j := i
@@ -672,7 +672,7 @@ func skipWS(data []byte, i int) int {
 func clamp(v, lo, hi int) int { return min(max(v, lo), hi) }
 
 // unexpected describes a byte that cannot start a value. Invalid UTF-8 is
-// named as such because §3.3 lists it as its own rule.
+// named as such because docs/protocol/http.md §5 lists it as its own rule.
 func (p *parser) unexpected(i int) string {
 	c := p.data[i]
 	if c < utf8.RuneSelf {

@@ -8,7 +8,7 @@ import (
 
 // Object builds a JSON object that the kernel generates, such as an error
 // object or an event payload. Members may be added in any order: they are
-// written with keys sorted by their UTF-8 bytes, because §1.3 requires
+// written with keys sorted by their UTF-8 bytes, because docs/protocol/README.md §3 requires
 // kernel-generated objects in canonical key order. Raw members are written
 // byte for byte, which is why this exists instead of encoding/json (it
 // compacts json.RawMessage, and verbatim JSON must keep its whitespace).
@@ -71,7 +71,7 @@ func (o *Object) Raw(key string, raw []byte) *Object {
 }
 
 // Strings adds an array of strings; nil or empty vals is written as [],
-// because §1.3 forbids null for arrays.
+// because docs/protocol/README.md §3 forbids null for arrays.
 func (o *Object) Strings(key string, vals []string) *Object {
 	start := len(o.enc)
 	o.enc = append(o.enc, '[')

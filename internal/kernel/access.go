@@ -55,7 +55,7 @@ const (
 	maxKeyLifetime  = 10 * 365 * 24 * time.Hour
 	sessionLifetime = 12 * time.Hour
 	// keyCacheTTL bounds how long a revoked or expired key keeps working on
-	// a process that checked it just before (every process, PROTOCOL-wide:
+	// a process that checked it just before (every process, docs/protocol/README.md-wide:
 	// within 2 s).
 	keyCacheTTL = time.Second
 	// touchEvery is how often a key's last use is written at most.

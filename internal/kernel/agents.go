@@ -15,7 +15,7 @@ import (
 
 var agentIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// ValidAgentID checks the agent id syntax of §21.2.
+// ValidAgentID checks the agent id syntax of docs/protocol/governance.md §4.2.
 func ValidAgentID(id string) bool { return agentIDPattern.MatchString(id) }
 
 // AgentSpec is an agent registration (admin API or manifest).
@@ -30,7 +30,7 @@ type AgentSpec struct {
 	SetPolicy bool
 }
 
-// ValidateAgent applies the rules of §21.2.
+// ValidateAgent applies the rules of docs/protocol/governance.md §4.2.
 func (k *Kernel) ValidateAgent(a AgentSpec) error {
 	if !ValidAgentID(a.ID) {
 		return validation("id", "id must match %s", agentIDPattern.String())
@@ -65,7 +65,7 @@ func (k *Kernel) validatePolicy(a AgentSpec) error {
 }
 
 // RegisterAgent creates an agent or updates its URL, secret and lease,
-// keeping its policy, metadata and registration time (§21.1).
+// keeping its policy, metadata and registration time (docs/protocol/governance.md §4.1).
 func (k *Kernel) RegisterAgent(ctx context.Context, a AgentSpec) (*store.Agent, error) {
 	if err := k.ValidateAgent(a); err != nil {
 		return nil, err
@@ -109,7 +109,7 @@ func (k *Kernel) warnShortSecret(a AgentSpec) {
 }
 
 // Provision validates every agent of a manifest, then upserts them all in one
-// transaction: either every agent is written or none is (§25).
+// transaction: either every agent is written or none is (docs/protocol/configuration.md §5).
 func (k *Kernel) Provision(ctx context.Context, specs []AgentSpec) error {
 	for _, a := range specs {
 		if err := k.ValidateAgent(a); err != nil {
@@ -150,7 +150,7 @@ func (k *Kernel) ListAgents(ctx context.Context) ([]*store.Agent, error) {
 	return list, nil
 }
 
-// DeleteAgent removes an agent that has no live execution (§21.1); the
+// DeleteAgent removes an agent that has no live execution (docs/protocol/governance.md §4.1); the
 // history of its terminal executions stays readable.
 func (k *Kernel) DeleteAgent(ctx context.Context, id string) error {
 	return k.store.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {
@@ -169,7 +169,7 @@ func (k *Kernel) DeleteAgent(ctx context.Context, id string) error {
 	})
 }
 
-// SetPolicy stores an agent's bundle; "" removes it (§21.3).
+// SetPolicy stores an agent's bundle; "" removes it (docs/protocol/governance.md §4.3).
 func (k *Kernel) SetPolicy(ctx context.Context, agentID, bundle string) error {
 	if err := k.validatePolicy(AgentSpec{ID: agentID, Policy: bundle, SetPolicy: true}); err != nil {
 		return err
@@ -191,7 +191,7 @@ type MetadataRequest struct {
 	OutputSchema []byte
 }
 
-// SetMetadata replaces an agent's published description and schemas (§21.4).
+// SetMetadata replaces an agent's published description and schemas (docs/protocol/governance.md §4.4).
 func (k *Kernel) SetMetadata(ctx context.Context, c Caller, agentID string, m MetadataRequest) error {
 	if c.Agent != agentID {
 		return errForbidden()

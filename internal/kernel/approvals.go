@@ -11,8 +11,8 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// recordAwaitingApproval records a step a rule holds for a human (§10.4,
-// §18.1): the step waits, an approval is created, the execution blocks and
+// recordAwaitingApproval records a step a rule holds for a human (docs/protocol/steps.md §4,
+// docs/protocol/governance.md §1.1): the step waits, an approval is created, the execution blocks and
 // its live dispatch is released.
 func (o *op) recordAwaitingApproval(s *store.Step, res PolicyResult) (*Decision, error) {
 	cfg := res.Approval
@@ -81,7 +81,7 @@ func (k *Kernel) pendingApprovalID(o *op, s *store.Step) (string, error) {
 }
 
 // closeApprovals expires the pending approvals of a terminating execution
-// and denies their steps (§7.8 step 1).
+// and denies their steps (docs/protocol/executions.md §9 step 1).
 func (o *op) closeApprovals(cause string) error {
 	pending, err := o.tx.PendingApprovals(o.ctx, o.e.ID)
 	if err != nil {
@@ -134,7 +134,7 @@ func (o *op) resolve(a *store.Approval, status, decidedBy, rationale, stepReason
 }
 
 // resume unblocks the execution after its approval was decided and asks the
-// agent to run again (§18.5).
+// agent to run again (docs/protocol/governance.md §1.5).
 func (o *op) resume() error {
 	o.e.Status = wire.ExecRunning
 	o.e.UpdatedAt = o.now
@@ -152,7 +152,7 @@ type DecideRequest struct {
 	By Principal
 }
 
-// DecideApproval grants or denies a pending approval (§18.3). Concurrent
+// DecideApproval grants or denies a pending approval (docs/protocol/governance.md §1.3). Concurrent
 // grants, denials, cancels and expiries are serialised by the execution
 // lock: exactly one wins and the others see a non-pending approval. The
 // decision is written to the audit log with the caller and the decider.
@@ -215,7 +215,7 @@ func (k *Kernel) DecideApproval(ctx context.Context, id string, r DecideRequest)
 	})
 }
 
-// ExpireApproval expires a pending approval whose timeout has passed (§18.4):
+// ExpireApproval expires a pending approval whose timeout has passed (docs/protocol/governance.md §1.4):
 // the step is denied and the execution resumes.
 func (k *Kernel) ExpireApproval(ctx context.Context, ref store.ApprovalRef) error {
 	return k.update(ctx, ref.ExecutionID, func(o *op) error {
@@ -248,7 +248,7 @@ func (k *Kernel) GetApproval(ctx context.Context, id string) (*store.Approval, e
 	return a, nil
 }
 
-// ListApprovals lists approvals oldest first (§18.2).
+// ListApprovals lists approvals oldest first (docs/protocol/governance.md §1.2).
 func (k *Kernel) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]*store.Approval, error) {
 	switch f.Status {
 	case "":

@@ -94,7 +94,7 @@ func BenchmarkStepsConcurrent(b *testing.B) {
 }
 
 // BenchmarkFork10000 measures a fork at the last event of a 10,000-step
-// history with 4 KiB results (RESOURCES-AND-FORKS §5.6) in process, on a
+// history with 4 KiB results (docs/protocol/forks.md §6) in process, on a
 // file store: planning and the write transaction, without HTTP.
 func BenchmarkFork10000(b *testing.B) {
 	ctx := context.Background()

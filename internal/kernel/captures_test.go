@@ -17,7 +17,7 @@ import (
 )
 
 // TestLiveStartsOnly: denials, blocks, rate limits, replays and answers to a
-// blocked execution never start; a resume after a grant does (§3.2).
+// blocked execution never start; a resume after a grant does (docs/protocol/resources.md §3.1).
 func TestLiveStartsOnly(t *testing.T) {
 	pol := policyFunc(func(_ string, f StepFacts) PolicyResult {
 		switch {
@@ -81,7 +81,7 @@ func TestLiveStartsOnly(t *testing.T) {
 }
 
 // TestCaptureMetrics: rebuno_checkpoints_total and
-// rebuno_checkpoint_failures_total{error} (§3.6).
+// rebuno_checkpoint_failures_total{error} (docs/protocol/resources.md §6).
 func TestCaptureMetrics(t *testing.T) {
 	r := rsStart(t)
 	r.register("w", false, 1)
@@ -119,7 +119,7 @@ func TestCaptureMetrics(t *testing.T) {
 
 // TestCaptureOrderAndCoveredSeq: failures first, then captures in order; a
 // publish's checkpoints cover from its first event, an outcome's from the
-// outcome (§3.4).
+// outcome (docs/protocol/resources.md §4).
 func TestCaptureOrderAndCoveredSeq(t *testing.T) {
 	r := rsStart(t)
 	r.register("a", false, 1)
@@ -155,7 +155,7 @@ func TestCaptureOrderAndCoveredSeq(t *testing.T) {
 
 // TestSameAttemptRetryEntries: the retry answers the stored keys and
 // generations of the step's latest start, due read now, and writes nothing
-// (§3.3, PROTOCOL §11.6).
+// (docs/protocol/resources.md §3, docs/protocol/identity.md §7).
 func TestSameAttemptRetryEntries(t *testing.T) {
 	r := rsStart(t)
 	r.register("w", false, 2)
@@ -284,7 +284,7 @@ func (m *pmModel) current(s *pmStep) bool {
 	return s.del.DispatchID == m.r.del.DispatchID && s.del.Attempt == m.r.del.Attempt
 }
 
-// start applies §3.3 to a live start of s and returns the proceed entries.
+// start applies docs/protocol/resources.md §3 to a live start of s and returns the proceed entries.
 func (m *pmModel) start(s *pmStep) []ResourceEntry {
 	affecting := s.kind != wire.KindLLMCall
 	raised := map[string]bool{}
@@ -313,7 +313,7 @@ func (m *pmModel) start(s *pmStep) []ResourceEntry {
 	return out
 }
 
-// captures evaluates a capture list (§3.4) and returns the expected events
+// captures evaluates a capture list (docs/protocol/resources.md §4) and returns the expected events
 // after the outcome's: "ckpt key gen ref" or "fail key gen token".
 func (m *pmModel) captures(c Captures, recording *pmStep) []string {
 	var out []string

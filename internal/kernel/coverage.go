@@ -10,7 +10,7 @@ import (
 	"github.com/rebuno/rebuno/internal/store"
 )
 
-// Coverage reasons of the point answer (RESOURCES-AND-FORKS §3.5).
+// Coverage reasons of the point answer (docs/protocol/resources.md §5.3).
 const (
 	CoverageCovered      = "covered"
 	CoverageNoCheckpoint = "no_checkpoint"
@@ -56,7 +56,7 @@ func atSeqError(last int64) error {
 	return validation("at_seq", "at_seq must be between 1 and %d", last)
 }
 
-// pointCoverage applies §4.1 to one resource: the newest checkpoint at or
+// pointCoverage applies docs/protocol/resources.md §5.1 to one resource: the newest checkpoint at or
 // before seq covers it unless a coverage-ending start came after it.
 // It also returns that checkpoint: the one a fork at seq restores (nil when
 // there is none).
@@ -108,7 +108,7 @@ func (k *Kernel) CoverageAt(ctx context.Context, c Caller, id string, seq int64)
 }
 
 // CoverageRangesOf answers coverage over the whole log in one pass over the
-// registrations and checkpoint rows (§4.2).
+// registrations and checkpoint rows (docs/protocol/resources.md §5.2).
 func (k *Kernel) CoverageRangesOf(ctx context.Context, c Caller, id string) (*CoverageRanges, error) {
 	e, err := k.GetExecution(ctx, c, id)
 	if err != nil {

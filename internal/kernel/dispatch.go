@@ -13,7 +13,7 @@ import (
 )
 
 // enqueueDispatch creates the execution's newest dispatch and retires the
-// others (§8.1). The dispatcher is woken once the transaction commits.
+// others (docs/protocol/dispatch.md §2). The dispatcher is woken once the transaction commits.
 func (o *op) enqueueDispatch() error {
 	d := &store.Dispatch{
 		ID: newDispatchID(o.e.DispatchID, o.now), ExecutionID: o.e.ID, Status: wire.DispatchPending,
@@ -26,7 +26,7 @@ func (o *op) enqueueDispatch() error {
 		return fmt.Errorf("retire dispatches: %w", err)
 	}
 	if o.e.DispatchID != "" {
-		// The retired dispatches' occurrence counters can never be used again (§11.5).
+		// The retired dispatches' occurrence counters can never be used again (docs/protocol/identity.md §6).
 		if err := o.tx.DeleteExecutionCounters(o.ctx, o.e.ID); err != nil {
 			return fmt.Errorf("delete counters: %w", err)
 		}
@@ -42,7 +42,7 @@ func dispatchPayload(d *store.Dispatch, status string, attempt int64) *jsonx.Obj
 		String("status", status).Int("attempt", attempt)
 }
 
-// checkDispatch validates the dispatch headers of an agent write (§6) and
+// checkDispatch validates the dispatch headers of an agent write (docs/protocol/http.md §10) and
 // returns the named dispatch (nil when the request names none).
 func (o *op) checkDispatch(h DispatchHeaders) (*store.Dispatch, error) {
 	return validateDispatch(o.ctx, o.tx, o.e, h, o.k.cfg.RequireDispatchHeaders)
@@ -77,7 +77,7 @@ func validateDispatch(ctx context.Context, r store.Reader, e *store.Execution, h
 }
 
 // superseded reports whether a request acts for an attempt that is no longer
-// current (§9.5). A request naming no dispatch is never superseded.
+// current (docs/protocol/dispatch.md §11). A request naming no dispatch is never superseded.
 func (o *op) superseded(d *store.Dispatch, h DispatchHeaders) bool {
 	if d == nil {
 		return false
@@ -90,7 +90,7 @@ func (o *op) superseded(d *store.Dispatch, h DispatchHeaders) bool {
 // (errTerminal), the dispatch headers (400), fencing. It returns the named
 // dispatch and whether the request is superseded; refusing a superseded
 // request is the route's call, because the outcome of a step still
-// executing is recorded whoever reports it (§9.5).
+// executing is recorded whoever reports it (docs/protocol/dispatch.md §11).
 func (o *op) admit(h DispatchHeaders) (*store.Dispatch, bool, error) {
 	if wire.ExecTerminal(o.e.Status) {
 		return nil, false, errTerminal()
@@ -124,7 +124,7 @@ func (k *Kernel) refuseSuperseded() error {
 	return errSuperseded()
 }
 
-// liveDispatch returns the dispatch a request renews (§9.2): the named one,
+// liveDispatch returns the dispatch a request renews (docs/protocol/dispatch.md §8): the named one,
 // or the execution's newest when the request names none; nil when it is not
 // in flight at the request's attempt.
 func (o *op) liveDispatch(d *store.Dispatch, h DispatchHeaders) (*store.Dispatch, error) {
@@ -143,7 +143,7 @@ func (o *op) liveDispatch(d *store.Dispatch, h DispatchHeaders) (*store.Dispatch
 	return d, nil
 }
 
-// renew extends the lease of the requesting attempt (§9.1). A renewal that
+// renew extends the lease of the requesting attempt (docs/protocol/dispatch.md §8). A renewal that
 // would move the expiry by less than a second is skipped to save a write.
 func (o *op) renew(d *store.Dispatch, h DispatchHeaders) error {
 	live, err := o.liveDispatch(d, h)
@@ -160,7 +160,7 @@ func (o *op) renew(d *store.Dispatch, h DispatchHeaders) error {
 }
 
 // progress renews the lease and records that the current attempt recorded a
-// step outcome, which resets the attempt budget (§8.6).
+// step outcome, which resets the attempt budget (docs/protocol/dispatch.md §7).
 func (o *op) progress(d *store.Dispatch, h DispatchHeaders) error {
 	if d == nil && o.e.DispatchID != "" {
 		var err error
@@ -172,7 +172,7 @@ func (o *op) progress(d *store.Dispatch, h DispatchHeaders) error {
 		return nil
 	}
 	// The progress counts whatever the dispatch's status (a failed delivery
-	// whose agent ran anyway); only the renewal needs it in flight (§9.1).
+	// whose agent ran anyway); only the renewal needs it in flight (docs/protocol/dispatch.md §8).
 	changed := d.ProgressAttempt != d.Attempt
 	d.ProgressAttempt = d.Attempt
 	expires := o.now.Add(time.Duration(d.LeaseTimeout) * time.Second)
@@ -199,7 +199,7 @@ type Delivery struct {
 	DueAt        time.Time
 }
 
-// ClaimDispatch claims a due dispatch for delivery (§8.2). It returns nil when
+// ClaimDispatch claims a due dispatch for delivery (docs/protocol/dispatch.md §3). It returns nil when
 // the dispatch is no longer due (claimed, retired or rescheduled meanwhile),
 // and store.ErrLocked when another transaction holds the execution, which
 // may be another process claiming it: the caller tries again shortly rather
@@ -260,7 +260,7 @@ type DeliveryOutcome struct {
 	RetryAfter time.Duration
 }
 
-// RecordDelivery records the outcome of an attempt (§8.4). An outcome for an
+// RecordDelivery records the outcome of an attempt (docs/protocol/dispatch.md §5). An outcome for an
 // attempt that is no longer current is discarded.
 func (k *Kernel) RecordDelivery(ctx context.Context, del *Delivery, out DeliveryOutcome) error {
 	return k.update(ctx, del.ExecutionID, func(o *op) error {
@@ -314,7 +314,7 @@ func (k *Kernel) RecordDelivery(ctx context.Context, del *Delivery, out Delivery
 	})
 }
 
-// retryDelay is delay(n) of §8.5: exponential from the base, capped, plus up
+// retryDelay is delay(n) of docs/protocol/dispatch.md §6: exponential from the base, capped, plus up
 // to a quarter of jitter.
 func (k *Kernel) retryDelay(n int64) time.Duration {
 	d := k.cfg.BackoffBase
@@ -328,7 +328,7 @@ func (k *Kernel) retryDelay(n int64) time.Duration {
 	return d
 }
 
-// exhaust fails the execution whose dispatch spent its budget (§8.6).
+// exhaust fails the execution whose dispatch spent its budget (docs/protocol/dispatch.md §7).
 func (o *op) exhaust(d *store.Dispatch) error {
 	d.Status = wire.DispatchRetired
 	if err := o.tx.UpdateDispatch(o.ctx, d); err != nil {
@@ -337,7 +337,7 @@ func (o *op) exhaust(d *store.Dispatch) error {
 	return o.terminate(wire.ExecFailed, wire.ReasonDispatchExhausted, wire.CauseExecutionFailed)
 }
 
-// ReclaimLease reclaims an in-flight dispatch whose lease has expired (§9.4):
+// ReclaimLease reclaims an in-flight dispatch whose lease has expired (docs/protocol/dispatch.md §10):
 // it is redelivered at once under the same id, or the execution fails when
 // the attempt budget is spent.
 func (k *Kernel) ReclaimLease(ctx context.Context, ref store.DispatchRef) error {
@@ -373,7 +373,7 @@ func (k *Kernel) ReclaimLease(ctx context.Context, ref store.DispatchRef) error 
 }
 
 // DueDispatches lists the dispatches due now, oldest first, leaving out
-// those of skipAgents: the dispatcher's view of claimable work (§8.2).
+// those of skipAgents: the dispatcher's view of claimable work (docs/protocol/dispatch.md §3).
 func (k *Kernel) DueDispatches(ctx context.Context, limit int, skipAgents []string) ([]store.DispatchRef, error) {
 	return k.store.Read().DueDispatches(ctx, k.clock.Now(), limit, skipAgents)
 }

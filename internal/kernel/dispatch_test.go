@@ -292,7 +292,7 @@ func TestDeliveryExhaustion(t *testing.T) {
 }
 
 // TestAttemptBudgetCountsSinceProgress: the budget is spent when
-// attempt − progress_attempt ≥ max_attempts (§8.6); a recorded outcome of
+// attempt − progress_attempt ≥ max_attempts (docs/protocol/dispatch.md §7); a recorded outcome of
 // the current attempt resets it, and delay(n) restarts from the base.
 func TestAttemptBudgetCountsSinceProgress(t *testing.T) {
 	fx := newFixture(t, withConfig(func(c *Config) { c.DispatchMaxAttempts = 2 }))

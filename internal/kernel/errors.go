@@ -49,7 +49,7 @@ func errSuperseded() *Error {
 }
 
 // MissingDispatchID is the refusal of an agent write that must name its
-// dispatch and does not (§10.2 step 3); the HTTP layer raises it before
+// dispatch and does not (docs/protocol/steps.md §2 step 3); the HTTP layer raises it before
 // reading the body of a submit.
 func MissingDispatchID() *Error {
 	return &Error{Code: wire.CodeValidation, Field: wire.HeaderDispatchID, Message: "validation error: missing dispatch_id"}

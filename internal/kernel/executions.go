@@ -13,10 +13,10 @@ import (
 )
 
 // IdempotencyLifetime is how long a create or fork idempotency key is
-// remembered (§7.1).
+// remembered (docs/protocol/executions.md §2).
 const IdempotencyLifetime = 24 * time.Hour
 
-// Idempotency routes: keys are global per route (§7.1).
+// Idempotency routes: keys are global per route (docs/protocol/executions.md §2).
 const (
 	RouteCreate = "create"
 	RouteFork   = "fork"
@@ -35,7 +35,7 @@ type CreateRequest struct {
 	OnBehalfOf        string
 }
 
-// CreateExecution creates an execution and enqueues its first dispatch (§7.1).
+// CreateExecution creates an execution and enqueues its first dispatch (docs/protocol/executions.md §2).
 func (k *Kernel) CreateExecution(ctx context.Context, r CreateRequest) (*store.Execution, error) {
 	if r.AgentID == "" {
 		return nil, validation("agent_id", "agent_id is required")
@@ -151,7 +151,7 @@ func (k *Kernel) idempotent(o *op, route, scope, key, bodyHash string) (*store.E
 	return e, err
 }
 
-// ValidIdempotencyKey checks the key syntax of §7.1.
+// ValidIdempotencyKey checks the key syntax of docs/protocol/executions.md §2.
 func ValidIdempotencyKey(key string) error {
 	if len(key) < 1 || len(key) > wire.MaxIdempotencyKey {
 		return validation("idempotency_key", "idempotency key must be 1 to %d bytes", wire.MaxIdempotencyKey)
@@ -182,7 +182,7 @@ type ListResult struct {
 	NextCursor string
 }
 
-// ListExecutions pages executions newest first (§7.3).
+// ListExecutions pages executions newest first (docs/protocol/executions.md §4).
 func (k *Kernel) ListExecutions(ctx context.Context, f store.ExecutionFilter) (*ListResult, error) {
 	if len(f.AgentID) > wire.MaxAgentIDBytes {
 		return nil, validation("agent_id", "agent_id is longer than %d bytes", wire.MaxAgentIDBytes)
@@ -212,7 +212,7 @@ func (k *Kernel) ListExecutions(ctx context.Context, f store.ExecutionFilter) (*
 	return res, nil
 }
 
-// ListEvents reads a page of an execution's log (§14.1).
+// ListEvents reads a page of an execution's log (docs/protocol/events.md §1).
 func (k *Kernel) ListEvents(ctx context.Context, c Caller, id string, afterSeq int64, limit int) ([]*store.Event, error) {
 	if afterSeq < 0 {
 		return nil, validation("after_seq", "after_seq must not be negative")
@@ -235,7 +235,7 @@ func (k *Kernel) ListEvents(ctx context.Context, c Caller, id string, afterSeq i
 	return evs, nil
 }
 
-// StepStatusFilter resolves the status filter of the steps list (§7.2).
+// StepStatusFilter resolves the status filter of the steps list (docs/protocol/executions.md §3).
 func StepStatusFilter(filter string) ([]string, error) {
 	switch filter {
 	case "":
@@ -253,7 +253,7 @@ func StepStatusFilter(filter string) ([]string, error) {
 
 // EachStepPage streams the steps of an execution in recording order, one
 // short read per page of at most 1,000 rows, so that no read stays open while
-// the caller writes to a slow client (§23.3).
+// the caller writes to a slow client (docs/protocol/operations.md §2.3).
 func (k *Kernel) EachStepPage(ctx context.Context, c Caller, id, filter string, fn func(page []*store.Step) error) error {
 	statuses, err := StepStatusFilter(filter)
 	if err != nil {
@@ -293,7 +293,7 @@ func (k *Kernel) GetStep(ctx context.Context, c Caller, id, stepID string) (*sto
 	return s, nil
 }
 
-// Previous returns the state an execution continues from (§7.10).
+// Previous returns the state an execution continues from (docs/protocol/executions.md §11).
 func (k *Kernel) Previous(ctx context.Context, c Caller, id string) ([]byte, error) {
 	e, err := k.GetExecution(ctx, c, id)
 	if err != nil {
@@ -318,7 +318,7 @@ func (k *Kernel) Previous(ctx context.Context, c Caller, id string) ([]byte, err
 	return []byte("null"), nil
 }
 
-// CancelExecution cancels a live execution on a client's request (§7.6).
+// CancelExecution cancels a live execution on a client's request (docs/protocol/executions.md §7).
 func (k *Kernel) CancelExecution(ctx context.Context, id string) error {
 	return k.update(ctx, id, func(o *op) error {
 		if err := o.load(id, Caller{}); err != nil {
@@ -337,7 +337,7 @@ type CompleteRequest struct {
 	State  []byte // verbatim; nil when absent or null
 }
 
-// CompleteExecution records an agent's successful end (§7.4).
+// CompleteExecution records an agent's successful end (docs/protocol/executions.md §5).
 func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, r CompleteRequest) error {
 	err := k.update(ctx, id, func(o *op) error {
 		if _, err := o.agentWrite(id, c, h); err != nil {
@@ -365,7 +365,7 @@ func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h D
 	return err
 }
 
-// FailExecution records an agent's failure (§7.5). Reasons longer than the
+// FailExecution records an agent's failure (docs/protocol/executions.md §6). Reasons longer than the
 // limit are cut at a character boundary rather than refused, because
 // refusing would leave the execution running.
 func (k *Kernel) FailExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, reason string) error {

@@ -386,7 +386,7 @@ func TestCancelExecution(t *testing.T) {
 	}
 }
 
-// TestTerminalCleanUp checks §7.8 for every way an execution ends.
+// TestTerminalCleanUp checks docs/protocol/executions.md §9 for every way an execution ends.
 func TestTerminalCleanUp(t *testing.T) {
 	type ending struct {
 		name, status, reason, cause, event string

@@ -23,7 +23,7 @@ type ForkRequest struct {
 	BodyHash       string
 }
 
-// cleanupReasons are the step denials of a terminal clean-up (§7.8): a fork
+// cleanupReasons are the step denials of a terminal clean-up (docs/protocol/executions.md §9): a fork
 // does not copy them, since the handler never saw those outcomes.
 var cleanupReasons = map[string]bool{
 	wire.CauseExecutionCompleted: true, wire.CauseExecutionFailed: true,
@@ -44,11 +44,11 @@ type forkPlan struct {
 	generations map[string]int64    // generation of each key at the fork point
 	covered     map[string]bool     // coverage of each key at the fork point
 	restoreAt   map[string]*store.Checkpoint
-	idemKey     string // the request's Idempotency-Key, shown on the fork (§7.1)
+	idemKey     string // the request's Idempotency-Key, shown on the fork (docs/protocol/executions.md §2)
 }
 
 // Fork creates a new execution from an execution's history up to an event
-// (RESOURCES-AND-FORKS §5): its completed steps replay, and its resources
+// (docs/protocol/forks.md): its completed steps replay, and its resources
 // are restored from the checkpoint that covers the point, or the newest
 // earlier one. The source is never modified.
 func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*store.Execution, error) {
@@ -116,7 +116,7 @@ func (k *Kernel) Fork(ctx context.Context, sourceID string, r ForkRequest) (*sto
 	return fork, err
 }
 
-// planFork reads and selects what the fork copies (§5.2).
+// planFork reads and selects what the fork copies (docs/protocol/forks.md §2).
 func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64) (*forkPlan, error) {
 	rd := k.store.Read()
 	p := &forkPlan{id: newID(), source: source, at: at, generations: map[string]int64{}, covered: map[string]bool{},
@@ -257,7 +257,7 @@ func intValue(raw []byte) (int64, bool) {
 }
 
 // writeFork writes the fork's execution, copies and log in the current
-// transaction (§5.3) and enqueues its first dispatch.
+// transaction (docs/protocol/forks.md §3) and enqueues its first dispatch.
 func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	src := p.source
 	e := &store.Execution{
@@ -402,7 +402,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		return nil, err
 	}
 	// Only the fork's own events count against its limits: the copies were
-	// counted in the source (§23.4), and emit counted nothing else.
+	// counted in the source (docs/protocol/operations.md §2.4), and emit counted nothing else.
 	return e, nil
 }
 
@@ -428,7 +428,7 @@ func rewriteStepID(payload []byte, ids map[string]string) []byte {
 	return append(out, payload[end:]...)
 }
 
-// ListForks pages the direct forks of an execution, newest first (§5.3).
+// ListForks pages the direct forks of an execution, newest first (docs/protocol/forks.md §3).
 func (k *Kernel) ListForks(ctx context.Context, c Caller, id string, f store.ExecutionFilter) (*ListResult, error) {
 	if _, err := k.GetExecution(ctx, c, id); err != nil {
 		return nil, err

@@ -1,8 +1,8 @@
 package kernel
 
-// Unit tests of forks (RESOURCES-AND-FORKS §5): the rows and log a fork
-// writes, checked against a model of §5.2–5.3 computed from the source's
-// stored log; forks of forks; limits; and the §5.6 guard.
+// Unit tests of forks (docs/protocol/forks.md): the rows and log a fork
+// writes, checked against a model of docs/protocol/forks.md §2–§3 computed from the source's
+// stored log; forks of forks; limits; and the docs/protocol/forks.md §6 guard.
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// fkCleanup are the terminal clean-up causes of PROTOCOL §7.8.
+// fkCleanup are the terminal clean-up causes of docs/protocol/executions.md §9.
 var fkCleanup = map[string]bool{wire.CauseExecutionCompleted: true, wire.CauseExecutionFailed: true,
 	wire.CauseExecutionCancelled: true, wire.CauseDeadlineExceeded: true}
 
@@ -262,7 +262,7 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		}
 	}
 
-	// Coverage: against the oracle, and §5.3's mapping.
+	// Coverage: against the oracle, and docs/protocol/forks.md §3's mapping.
 	fo := ruCheck(t, fx, f.ID)
 	creation := int64(len(evs))
 	for p := int64(1); p <= creation; p++ {
@@ -418,7 +418,7 @@ func TestForkExampleE(t *testing.T) {
 }
 
 // TestForkCheckpointDedupe: two checkpoints of a key that map to one
-// position keep the later one (§5.2).
+// position keep the later one (docs/protocol/forks.md §2).
 func TestForkCheckpointDedupe(t *testing.T) {
 	r := rsStart(t)
 	r.register("w", false, 1)
@@ -438,8 +438,8 @@ func TestForkCheckpointDedupe(t *testing.T) {
 }
 
 // TestForkKeptEvents: rate-limit audits, approvals, bindings, capture
-// failures and the events of steps not copied are left out (§5.3), and a
-// cancelled source's clean-up denials are not copied (§5.2).
+// failures and the events of steps not copied are left out (docs/protocol/forks.md §3), and a
+// cancelled source's clean-up denials are not copied (docs/protocol/forks.md §2).
 func TestForkKeptEvents(t *testing.T) {
 	pol := policyFunc(func(_ string, f StepFacts) PolicyResult {
 		switch f.Target {
@@ -520,7 +520,7 @@ func TestForkKeptEvents(t *testing.T) {
 }
 
 // TestForkLimitsNotCounted: copies count against neither of the fork's
-// storage limits (PROTOCOL §23.4).
+// storage limits (docs/protocol/operations.md §2.4).
 func TestForkLimitsNotCounted(t *testing.T) {
 	r := rsStart(t, withConfig(func(c *Config) { c.MaxStepsPerExecution = 2 }))
 	for _, target := range []string{"a", "b"} {
@@ -554,7 +554,7 @@ func TestForkLimitsNotCounted(t *testing.T) {
 
 // TestForkExecutionFields: agent, input, agent_version, parent and
 // on_behalf_of are kept; the deadline is fresh; the Idempotency-Key is
-// shown; errors of §5.5.
+// shown; errors of docs/protocol/forks.md §5.
 func TestForkExecutionFields(t *testing.T) {
 	fx := newFixture(t, withConfig(func(c *Config) { c.DeadlineTimeout = time.Hour }))
 	parent, pdel := fx.start("a1")
@@ -625,7 +625,7 @@ func TestForkExecutionFields(t *testing.T) {
 	wantMessage(t, err, wire.CodeConflict, `conflict: agent "solo" is not registered`)
 }
 
-// ---- the §5.6 guard ----
+// ---- the docs/protocol/forks.md §6 guard ----
 
 // countingStore counts write transactions.
 type countingStore struct {
@@ -764,7 +764,7 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 	return id
 }
 
-// TestForkGuard asserts what §5.6 says a fork writes: one transaction, one
+// TestForkGuard asserts what docs/protocol/forks.md §6 says a fork writes: one transaction, one
 // narrow row per copied step, no body bytes copied; with
 // REBUNO_PERF_GUARD=1 it also fails above 1.5 s for 10,000 steps with 4 KiB
 // results (about 40,000 events and 100 checkpoints).

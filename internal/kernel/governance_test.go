@@ -461,7 +461,7 @@ func TestTerminalCleanUpExpiresPendingApprovals(t *testing.T) {
 }
 
 func TestDecideOnTerminalExecutionGuard(t *testing.T) {
-	// Unreachable while §7.8 holds; force the state to check the guard.
+	// Unreachable while docs/protocol/executions.md §9 holds; force the state to check the guard.
 	fx, e, del := governed(t)
 	dec := fx.block(e, del, "wire")
 	fx.mutateExec(e.ID, func(x *store.Execution) { x.Status = wire.ExecCompleted })

@@ -14,7 +14,7 @@ func newID() string { return uuid.Must(uuid.NewV7()).String() }
 
 // newDispatchID returns a UUIDv7 greater than prev, so that the dispatch ids
 // of one execution strictly increase even if this replica's clock is behind
-// the one that made prev (§8.1).
+// the one that made prev (docs/protocol/dispatch.md §2).
 func newDispatchID(prev string, now time.Time) string {
 	ms := now.UnixMilli()
 	if p, err := uuid.Parse(prev); err == nil && prev != "" {

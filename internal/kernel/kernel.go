@@ -19,7 +19,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Config holds the settings the protocol rules depend on (§24.2).
+// Config holds the settings the protocol rules depend on (docs/protocol/configuration.md §2).
 type Config struct {
 	DispatchMaxAttempts  int64
 	DispatchTimeout      time.Duration
@@ -33,12 +33,12 @@ type Config struct {
 	MaxStepsPerExecution int64
 	MaxExecutionBytes    int64
 	// RequireDispatchHeaders makes both dispatch headers mandatory on agent
-	// writes; it follows --require-v1-signatures (§6).
+	// writes; it follows --require-v1-signatures (docs/protocol/http.md §10).
 	RequireDispatchHeaders bool
 	ReplicaID              string
 }
 
-// DefaultConfig returns the defaults of §24.2.
+// DefaultConfig returns the defaults of docs/protocol/configuration.md §2.
 func DefaultConfig() Config {
 	return Config{
 		DispatchMaxAttempts:  5,
@@ -117,7 +117,7 @@ func (k *Kernel) Config() Config { return k.cfg }
 // Metrics returns the kernel's metrics.
 func (k *Kernel) Metrics() *metrics.Metrics { return k.metrics }
 
-// Ready reports whether the store answers, for readiness (§22).
+// Ready reports whether the store answers, for readiness (docs/protocol/operations.md §1).
 func (k *Kernel) Ready(ctx context.Context) error { return k.store.Ping(ctx) }
 
 // DispatchWake fires when a dispatch may have become due, on this process or
@@ -184,7 +184,7 @@ type op struct {
 }
 
 func (k *Kernel) newOp(ctx context.Context, tx store.Tx) *op {
-	// Stores keep microseconds (§1.3); truncating here makes an answer, its
+	// Stores keep microseconds (docs/protocol/README.md §3); truncating here makes an answer, its
 	// events and a later read show one instant the same way.
 	return &op{k: k, ctx: ctx, tx: tx, now: k.clock.Now().Truncate(time.Microsecond)}
 }
@@ -272,7 +272,7 @@ func (k *Kernel) failForStorage(ctx context.Context, executionID string) error {
 }
 
 // terminate moves the execution to a terminal status and performs the
-// clean-up of §7.8 in the same transaction.
+// clean-up of docs/protocol/executions.md §9 in the same transaction.
 func (o *op) terminate(status, reason, cause string) error {
 	e := o.e
 	e.Status = status

@@ -15,7 +15,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// TestFencing covers the route table of §9.5 for a request from an older
+// TestFencing covers the route table of docs/protocol/dispatch.md §11 for a request from an older
 // attempt of the newest dispatch and from an older dispatch.
 func TestFencing(t *testing.T) {
 	type world struct {
@@ -273,7 +273,7 @@ func TestRenewalNeedsAnInFlightDispatch(t *testing.T) {
 		t.Fatalf("dispatch after a failed delivery = %+v", d)
 	}
 	// The agent ran anyway: its requests are answered, nothing is renewed,
-	// but a recorded outcome still counts as progress (§8.6).
+	// but a recorded outcome still counts as progress (docs/protocol/dispatch.md §7).
 	fx.clk.Advance(5 * time.Second)
 	if err := fx.k.Heartbeat(fx.ctx, c, e.ID, hdr(del)); err != nil {
 		t.Fatalf("heartbeat with nothing to renew: %v", err)

@@ -36,13 +36,13 @@ type PolicyResult struct {
 }
 
 // Policy evaluates an agent's bundle text. It is the single decision point
-// of the submit path (§10.2 step 15); implementations do no I/O.
+// of the submit path (docs/protocol/steps.md §2 step 15); implementations do no I/O.
 type Policy interface {
 	Evaluate(bundle string, f StepFacts) PolicyResult
 }
 
 // Bundles is the kernel's policy: it compiles bundle texts once (an LRU keyed
-// by the text's hash, §19.1) and evaluates them. No bundle allows every step
+// by the text's hash, docs/protocol/governance.md §2.1) and evaluates them. No bundle allows every step
 // under "permissive"; a stored bundle that no longer compiles (possible only
 // after an upgrade with stricter validation) denies under "bundle-error".
 type Bundles struct {
@@ -74,7 +74,7 @@ func (Permissive) Evaluate(string, StepFacts) PolicyResult {
 	return PolicyResult{Decision: PolicyAllow, RuleID: wire.RulePermissive}
 }
 
-// validateBundle checks a bundle before it is stored (§19.3).
+// validateBundle checks a bundle before it is stored (docs/protocol/governance.md §2.3).
 func validateBundle(text string) error {
 	if _, err := policy.Parse(text); err != nil {
 		return &Error{Code: wire.CodeValidation, Field: "bundle", Message: "invalid policy bundle: " + err.Error()}
@@ -84,7 +84,7 @@ func validateBundle(text string) error {
 
 // bundleTTL is how long the kernel reuses an agent's bundle text without
 // reading it again; a change made on this kernel applies at once, one made
-// elsewhere within the 2 s that §19.1 allows.
+// elsewhere within the 2 s that docs/protocol/governance.md §2.1 allows.
 const bundleTTL = time.Second
 
 // bundleTexts caches each agent's bundle text, so that a new step costs no

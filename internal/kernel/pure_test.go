@@ -127,7 +127,7 @@ func TestRetryDelay(t *testing.T) {
 	k := &Kernel{cfg: Config{BackoffBase: time.Second, BackoffMax: 30 * time.Second}}
 	cases := []struct {
 		n    int64
-		base time.Duration // d of §8.5; the delay is in [d, d + d/4)
+		base time.Duration // d of docs/protocol/dispatch.md §6; the delay is in [d, d + d/4)
 	}{
 		{0, time.Second}, // after an attempt that made progress: starts again at base
 		{1, time.Second},

@@ -12,7 +12,7 @@ import (
 	"github.com/rebuno/rebuno/internal/store"
 )
 
-// Limiter answers rate-limit checks (§20). Check takes one token from the
+// Limiter answers rate-limit checks (docs/protocol/governance.md §3). Check takes one token from the
 // bucket named key when one is available; otherwise it takes nothing and
 // reports how long until one is.
 type Limiter interface {
@@ -23,7 +23,7 @@ type Limiter interface {
 // defines it, so that a limiter kept in the store returns the same error.
 var ErrLimiterTimeout = store.ErrLimiterTimeout
 
-// bucketKey names the bucket of a rule for a step (§20): per execution, per
+// bucketKey names the bucket of a rule for a step (docs/protocol/governance.md §3): per execution, per
 // agent, or global — keyed by the rule's parameters so that one agent's
 // bundle cannot change the budget another agent's rule sees.
 func bucketKey(ruleID string, rl *policy.RateLimit, executionID, agentID string) string {
@@ -108,7 +108,7 @@ func (l *MemoryLimiter) Len() int {
 }
 
 // FaultyLimiter fails every check, for the test-only setting
-// REBUNO_TEST_LIMITER_FAULT (§24.4). A "timeout" fault reports the budget as
+// REBUNO_TEST_LIMITER_FAULT (docs/protocol/configuration.md §4). A "timeout" fault reports the budget as
 // exceeded at once rather than stalling the writer for 250 ms: the kernel's
 // answer is the same either way.
 type FaultyLimiter struct{ Timeout bool }

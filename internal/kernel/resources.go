@@ -13,7 +13,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Limits of RESOURCES-AND-FORKS (Appendix A of PROTOCOL).
+// Limits of docs/protocol/resources.md (docs/protocol/README.md §6).
 const (
 	MaxResources        = 32
 	MaxDriverIDBytes    = 256
@@ -30,7 +30,7 @@ const (
 	refusalWritersAlive = "writers_active"
 )
 
-// Resource event types (RESOURCES-AND-FORKS §3.6).
+// Resource event types (docs/protocol/resources.md §6).
 const (
 	EventResourceRegistered       = "resource.registered"
 	EventResourceBound            = "resource.bound"
@@ -60,7 +60,7 @@ type Captures struct {
 	Failures []CaptureFailure
 }
 
-// ResourceView is the register answer (RESOURCES-AND-FORKS §3.1).
+// ResourceView is the register answer (docs/protocol/resources.md §2).
 type ResourceView struct {
 	*store.Resource
 	Covered bool
@@ -215,7 +215,7 @@ func (k *Kernel) BindResource(ctx context.Context, c Caller, id, key string, h D
 }
 
 // PublishCheckpoints records captures reported outside a step outcome:
-// baselines and completion captures (§3.4).
+// baselines and completion captures (docs/protocol/resources.md §4).
 func (k *Kernel) PublishCheckpoints(ctx context.Context, c Caller, id string, h DispatchHeaders, caps Captures) error {
 	if h.ID == "" {
 		return MissingDispatchID()
@@ -251,7 +251,7 @@ func validateCaptures(caps Captures) error {
 }
 
 // processCaptures applies the capture lists in the current transaction,
-// after the step outcome when there is one (§3.4). A refused capture is an
+// after the step outcome when there is one (docs/protocol/resources.md §4). A refused capture is an
 // event, never an error. recording is the step whose outcome this request
 // records: it no longer counts as a writer.
 func (o *op) processCaptures(caps Captures, recording *store.Step) error {
@@ -334,7 +334,7 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 }
 
 // writers are the tool and local steps executing under the execution's
-// current attempt (§3.3), except the step being recorded. An orphan of a
+// current attempt (docs/protocol/resources.md §3), except the step being recorded. An orphan of a
 // reclaimed or superseded attempt is not one: it is fenced. (LLM calls never
 // are: they change no resource.) The candidates are the steps the
 // execution's row lists as started (startWriting); one that has ended since
@@ -401,7 +401,7 @@ type startEntry struct {
 	Generation int64  `json:"generation"`
 }
 
-// liveStart applies a live start of s to the execution's resources (§3.3):
+// liveStart applies a live start of s to the execution's resources (docs/protocol/resources.md §3):
 // coverage ends and the generation rises for every resource without
 // coverage_reuse and for each one s declares; declared ones count the
 // start. It returns the proceed entries and adds resources/generations to
@@ -473,7 +473,7 @@ func due(r *store.Resource) bool {
 }
 
 // restartEntries answers a same-attempt retry of a lost proceed: the entries
-// of the step's latest start, with due read from the counters now (§3.3).
+// of the step's latest start, with due read from the counters now (docs/protocol/resources.md §3).
 func (o *op) restartEntries(s *store.Step) ([]ResourceEntry, error) {
 	var info []startEntry
 	if len(s.StartInfo) == 0 || json.Unmarshal(s.StartInfo, &info) != nil || len(info) == 0 {

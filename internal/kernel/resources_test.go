@@ -1,10 +1,10 @@
 package kernel
 
 // Unit and property tests of resources, captures and coverage
-// (RESOURCES-AND-FORKS §3–§4). The coverage oracle here reads an execution's
-// log back from the store and applies §4.1; it never asks the kernel's
+// (docs/protocol/resources.md). The coverage oracle here reads an execution's
+// log back from the store and applies docs/protocol/resources.md §5.1; it never asks the kernel's
 // coverage code. The property test drives random registrations, starts,
-// outcomes, captures, reclaims and re-runs against a model of §3.3–3.4 and
+// outcomes, captures, reclaims and re-runs against a model of docs/protocol/resources.md §3–§4 and
 // checks every answer, every appended event, the stored rows and every
 // coverage answer.
 
@@ -89,7 +89,7 @@ func (r *rsRun) resource(key string) *store.Resource {
 
 func caps(cs ...Capture) Captures { return Captures{Captures: cs} }
 
-// ---- the oracle (§4.1, from the stored log alone) ----
+// ---- the oracle (docs/protocol/resources.md §5.1, from the stored log alone) ----
 
 type ruRow struct {
 	covered, inv, gen int64
@@ -127,7 +127,7 @@ func ruInt(v any) int64 {
 }
 
 // ruBuild replays a log, checking the generations each step.executing
-// carries (§3.3) and that each checkpoint the execution accepted itself was
+// carries (docs/protocol/resources.md §3) and that each checkpoint the execution accepted itself was
 // at the current generation.
 func ruBuild(t *testing.T, evs []*store.Event) *ruOracle {
 	t.Helper()
@@ -196,7 +196,7 @@ func ruBuild(t *testing.T, evs []*store.Event) *ruOracle {
 	return o
 }
 
-// point is §4.1 at s: per key registered at or before s, in registration
+// point is docs/protocol/resources.md §5.1 at s: per key registered at or before s, in registration
 // order.
 func (o *ruOracle) point(s int64) (bool, []PointCoverage) {
 	all, out := true, []PointCoverage{}
@@ -292,7 +292,7 @@ func ruCheck(t *testing.T, fx *fixture, id string) *ruOracle {
 	return o
 }
 
-// ruInvariant checks §4.2's invariant on the stored rows: the view's covered
+// ruInvariant checks docs/protocol/resources.md §5.2's invariant on the stored rows: the view's covered
 // equals the point query at the last seq, and a key has an open checkpoint
 // iff it has one whose generation equals its current generation.
 func ruInvariant(t *testing.T, fx *fixture, id string) {
@@ -387,7 +387,7 @@ func TestRegisterResourceRules(t *testing.T) {
 }
 
 // TestResourceRoutesRenewTheLease: accepted register, bind and publish
-// renew the lease (§3.4, PROTOCOL §9.1); refused ones do not.
+// renew the lease (docs/protocol/resources.md §4, docs/protocol/dispatch.md §8); refused ones do not.
 func TestResourceRoutesRenewTheLease(t *testing.T) {
 	r := rsStart(t)
 	step := func(f func() error) time.Time {
@@ -426,7 +426,7 @@ func TestResourceRoutesRenewTheLease(t *testing.T) {
 }
 
 // TestResourceStorageLimit: a register, bind or publish whose writes would
-// cross --max-execution-bytes fails the execution instead (PROTOCOL §23.4).
+// cross --max-execution-bytes fails the execution instead (docs/protocol/operations.md §2.4).
 func TestResourceStorageLimit(t *testing.T) {
 	for _, route := range []string{"register", "bind", "publish"} {
 		t.Run(route, func(t *testing.T) {

@@ -27,7 +27,7 @@ type SubmitRequest struct {
 	HasOccurrence bool
 }
 
-// ResourceEntry is one entry of a proceed decision's resources (§10.3).
+// ResourceEntry is one entry of a proceed decision's resources (docs/protocol/steps.md §3).
 type ResourceEntry struct {
 	Key        string
 	Generation int64
@@ -53,7 +53,7 @@ type Decision struct {
 
 func terminalDecision() *Decision { return &Decision{Decision: wire.DecisionExecutionTerminal} }
 
-// validateSubmit applies the value rules of §10.1.
+// validateSubmit applies the value rules of docs/protocol/steps.md §1.
 func validateSubmit(r *SubmitRequest) error {
 	if !wire.ValidKind(r.Kind) {
 		if r.Kind == "" {
@@ -102,7 +102,7 @@ func validateSubmit(r *SubmitRequest) error {
 	return nil
 }
 
-// ValidResourceKey checks the key syntax of RESOURCES-AND-FORKS §1.
+// ValidResourceKey checks the key syntax of docs/protocol/resources.md §1.
 func ValidResourceKey(key string) bool {
 	if len(key) < 1 || len(key) > wire.MaxResourceKeyBytes || key == "." || key == ".." {
 		return false
@@ -116,7 +116,7 @@ func ValidResourceKey(key string) bool {
 	return true
 }
 
-// SubmitStep is the heart of the protocol (§10.2): it names the step, replays
+// SubmitStep is the heart of the protocol (docs/protocol/steps.md §2): it names the step, replays
 // what is recorded, and records what is new.
 func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
 	if h.ID == "" {
@@ -225,7 +225,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 	return dec, err
 }
 
-// replayStep answers a submit of a step that already exists (§12.1).
+// replayStep answers a submit of a step that already exists (docs/protocol/steps.md §5).
 func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
 	switch s.Status {
 	case wire.StepSucceeded:
@@ -277,7 +277,7 @@ func (o *op) replayStep(s *store.Step, d *store.Dispatch, h DispatchHeaders, r S
 }
 
 // start makes s executing under the requesting attempt and appends its live
-// start (§12.1, RESOURCES-AND-FORKS §3.2).
+// start (docs/protocol/steps.md §5, docs/protocol/resources.md §3.1).
 func (o *op) start(s *store.Step, d *store.Dispatch, h DispatchHeaders, retry bool) (*Decision, error) {
 	s.Status = wire.StepExecuting
 	o.startWriting(s)
@@ -331,7 +331,7 @@ func nullIfEmpty(b []byte) []byte {
 	return b
 }
 
-// recordNewStep records a step never seen before (§10.2 steps 14–16, §10.4).
+// recordNewStep records a step never seen before (docs/protocol/steps.md §2 steps 14–16, docs/protocol/steps.md §4).
 func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byte, d *store.Dispatch, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
 	o.enforce = true
 	s := &store.Step{
@@ -409,7 +409,7 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 }
 
 // rateLimit consults the limiter for a new step whose winning rule carries a
-// rate limit (§20). A refusal records no step and leaves the occurrence
+// rate limit (docs/protocol/governance.md §3). A refusal records no step and leaves the occurrence
 // counter alone, so an identical retry names the same step; it is audited
 // at most once per step id per window. It returns nil when the step may go
 // on.
@@ -483,11 +483,11 @@ type OutcomeRequest struct {
 	Succeeded bool
 	Value     []byte // result or error, verbatim; nil when absent or null
 	// Captures travel with the outcome and are processed only when it is
-	// recorded (RESOURCES-AND-FORKS §3.4).
+	// recorded (docs/protocol/resources.md §4).
 	Captures Captures
 }
 
-// RecordOutcome completes or fails a step (§13).
+// RecordOutcome completes or fails a step (docs/protocol/steps.md §10).
 func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string, h DispatchHeaders, r OutcomeRequest) (*Decision, error) {
 	if err := validateCaptures(r.Captures); err != nil {
 		return nil, err
@@ -556,7 +556,7 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 	return dec, err
 }
 
-// errorReason extracts error.reason for the indeterminate lookup (§12.4).
+// errorReason extracts error.reason for the indeterminate lookup (docs/protocol/steps.md §8).
 func errorReason(errJSON []byte) string {
 	v, err := jsonx.Parse(errJSON, wire.MaxNesting)
 	if err != nil || v.Kind != jsonx.KindObject {
@@ -568,7 +568,7 @@ func errorReason(errJSON []byte) string {
 	return ""
 }
 
-// Heartbeat renews the lease of the requesting attempt (§9.3).
+// Heartbeat renews the lease of the requesting attempt (docs/protocol/dispatch.md §9).
 func (k *Kernel) Heartbeat(ctx context.Context, c Caller, id string, h DispatchHeaders) error {
 	return k.update(ctx, id, func(o *op) error {
 		d, err := o.agentWrite(id, c, h)
@@ -580,7 +580,7 @@ func (k *Kernel) Heartbeat(ctx context.Context, c Caller, id string, h DispatchH
 }
 
 // StreamDelta offers a live delta of a running step to this execution's
-// consumers (§16). It changes no state, so it needs no write transaction.
+// consumers (docs/protocol/events.md §5). It changes no state, so it needs no write transaction.
 func (k *Kernel) StreamDelta(ctx context.Context, c Caller, id, stepID string, h DispatchHeaders, seq int64, data string) error {
 	if seq < 0 {
 		return validation("seq", "seq must not be negative")

@@ -182,7 +182,7 @@ func TestSubmitUnknownPolicyDecisionIsAnError(t *testing.T) {
 	}
 }
 
-// TestReplayTable walks §12.1 row by row.
+// TestReplayTable walks docs/protocol/steps.md §5 row by row.
 func TestReplayTable(t *testing.T) {
 	type setup struct {
 		fx   *fixture

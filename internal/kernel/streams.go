@@ -8,7 +8,7 @@ import (
 	"github.com/rebuno/rebuno/internal/store"
 )
 
-// The stream routes (the SSE tail and the delta side channel, §15 and §16)
+// The stream routes (the SSE tail and the delta side channel, docs/protocol/events.md §4 and §5)
 // subscribe here before their first read, so that no commit between that
 // read and the subscription is missed, then read the store through the
 // methods below each time they are woken. Wake-ups come from this process's
@@ -25,7 +25,7 @@ func (k *Kernel) SubscribeDeltas(executionID string) *events.DeltaSub {
 }
 
 // Subscriptions counts the executions with open tails and delta consumers,
-// for tests of the memory bound (§23.3).
+// for tests of the memory bound (docs/protocol/operations.md §2.3).
 func (k *Kernel) Subscriptions() (tails, deltas int) { return k.hub.Counts() }
 
 // StreamEvents reads events after afterSeq for a stream whose caller was

@@ -78,7 +78,7 @@ func runDuty[T any](k *Kernel, ctx context.Context, name string,
 	}
 }
 
-// ExpireDeadline cancels an execution whose deadline has passed (§7.7).
+// ExpireDeadline cancels an execution whose deadline has passed (docs/protocol/executions.md §8).
 func (k *Kernel) ExpireDeadline(ctx context.Context, id string) error {
 	return k.update(ctx, id, func(o *op) error {
 		if err := o.load(id, Caller{}); err != nil {
@@ -103,7 +103,7 @@ func (k *Kernel) sweepLoop(ctx context.Context) {
 }
 
 // Sweep deletes expired idempotency keys and, when retention is on,
-// terminal executions older than it (§7.9).
+// terminal executions older than it (docs/protocol/executions.md §10).
 func (k *Kernel) Sweep(ctx context.Context) {
 	now := k.clock.Now()
 	err := k.store.Update(ctx, "", func(ctx context.Context, tx store.Tx) error {

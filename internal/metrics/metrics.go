@@ -1,4 +1,4 @@
-// Package metrics defines every Prometheus series the kernel exports (§22).
+// Package metrics defines every Prometheus series the kernel exports (docs/protocol/operations.md §1).
 // Label sets that are closed are initialised at zero so dashboards see them
 // before the first event.
 package metrics
@@ -121,7 +121,7 @@ func New() *Metrics {
 		m.ExecutionsCompleted.WithLabelValues(v)
 	}
 	// The workers that report errors, so that the series exists before the
-	// first error (§22 requires every series to be exported).
+	// first error (docs/protocol/operations.md §1 requires every series to be exported).
 	for _, v := range []string{"dispatcher", "deadline", "idempotency_sweep", "retention"} {
 		m.WorkerErrors.WithLabelValues(v)
 	}

@@ -8,7 +8,7 @@ import (
 	"unsafe"
 )
 
-// DefaultCacheSize is the bound §19.1 puts on the compiled-bundle cache.
+// DefaultCacheSize is the bound docs/protocol/governance.md §2.1 puts on the compiled-bundle cache.
 const DefaultCacheSize = 1024
 
 // errCompilePanicked is what waiters see if compiling panicked: an error,

@@ -25,8 +25,8 @@ type Facts struct {
 type Result struct {
 	Decision string // Allow, Deny or RequireApproval
 	RuleID   string
-	// Reason is the rule's reason, or the default's (§19.4). A deny rule
-	// without one yields ReasonPolicyDenied, the text §10.4 records, so
+	// Reason is the rule's reason, or the default's (docs/protocol/governance.md §2.4). A deny rule
+	// without one yields ReasonPolicyDenied, the text docs/protocol/steps.md §4 records, so
 	// that the result is exactly what the kernel stores and shows.
 	Reason    string
 	Approval  *ApprovalConfig // shared with the Bundle: read only
@@ -44,7 +44,7 @@ type Trace struct {
 	Failed string
 }
 
-// Evaluate decides a new step (§19.4): rules in ascending priority, the
+// Evaluate decides a new step (docs/protocol/governance.md §2.4): rules in ascending priority, the
 // first whose conditions all hold wins. A nil bundle is "no policy" and
 // allows everything under rule id RulePermissive.
 func (b *Bundle) Evaluate(f Facts) Result {
@@ -97,7 +97,7 @@ func (b *Bundle) fallback(f *Facts) Result {
 	switch {
 	case f.Kind == "local":
 		// Local steps are the agent's own code; only an explicit rule
-		// governs them (§12.5).
+		// governs them (docs/protocol/steps.md §9).
 		return Result{Decision: Allow, RuleID: RuleLocal, Reason: ReasonLocalStep}
 	case b.DefaultAction == Allow:
 		return Result{Decision: Allow, RuleID: RuleDefault, Reason: ReasonDefaultAllow}
@@ -182,7 +182,7 @@ func (c *cond) match(f *Facts, why *string) bool {
 }
 
 // argPred is one argument's predicate. An empty string, a nil list or a nil
-// regexp is an absent constraint (§19.3 rule 8).
+// regexp is an absent constraint (docs/protocol/governance.md §2.3 rule 8).
 type argPred struct {
 	name     string
 	equals   string
@@ -220,7 +220,7 @@ func matchArguments(preds []argPred, args *jsonx.Value, why *string) bool {
 
 // member looks up a top-level key. Unlike Value.Get it tells a member whose
 // value is null (nil in a hand-built Value) from a missing one, and it
-// takes the last of repeated keys, as canonical JSON does (§11.2).
+// takes the last of repeated keys, as canonical JSON does (docs/protocol/identity.md §2).
 func member(obj *jsonx.Value, key string) (*jsonx.Value, bool) {
 	var v *jsonx.Value
 	found := false

@@ -7,7 +7,7 @@ import (
 )
 
 // glob is a compiled target pattern with exactly Go's path.Match semantics
-// (§19.4). path.Match re-parses the pattern on every call and, to report
+// (docs/protocol/governance.md §2.4). path.Match re-parses the pattern on every call and, to report
 // syntax errors, keeps scanning it after a mismatch; a bundle's patterns
 // are validated once at compile time, so matching can stop at the first
 // mismatch. FuzzGlob holds the two to the same answers.

@@ -28,7 +28,7 @@ func checkGlob(t *testing.T, pattern, name string) {
 		t.Fatalf("path.Match(%q, %q) erred on a valid pattern: %v", pattern, name, err)
 	}
 	g := newGlob(pattern)
-	// Byte equality is a match by §19.4 even when path.Match disagrees.
+	// Byte equality is a match by docs/protocol/governance.md §2.4 even when path.Match disagrees.
 	want = want || pattern == name
 	if got := g.match(name); got != want {
 		t.Fatalf("glob %q on %q: got %v, want %v", pattern, name, got, want)

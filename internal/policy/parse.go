@@ -16,7 +16,7 @@ import (
 	"github.com/rebuno/rebuno/internal/yamlx"
 )
 
-// Limits of §19.3.
+// Limits of docs/protocol/governance.md §2.3.
 const (
 	maxBundleBytes     = 1 << 20
 	maxRules           = 10000
@@ -42,7 +42,7 @@ type ValidationError = yamlx.Error
 // Parse validates and compiles a bundle. The empty text means "no policy"
 // and yields (nil, nil); any other text must hold exactly one YAML document,
 // so whitespace or comments alone are refused rather than mistaken for a
-// removal (§19.3 rule 2: only "" removes a policy). On failure the error is
+// removal (docs/protocol/governance.md §2.3 rule 2: only "" removes a policy). On failure the error is
 // the first *ValidationError in document order.
 func Parse(text string) (*Bundle, error) {
 	b, errs := compile(text)
@@ -187,7 +187,7 @@ func (c *compiler) list(n *yaml.Node, at string) ([]*yaml.Node, bool) {
 }
 
 // text reads a string-valued field. Any non-null scalar is accepted as its
-// literal YAML text, the rule §19.3 gives for predicate constraints, so that
+// literal YAML text, the rule docs/protocol/governance.md §2.3 gives for predicate constraints, so that
 // `agent_id: 007` means "007" and not 7; null is refused because a value
 // left out by mistake must not read as the four letters "null".
 func (c *compiler) text(n *yaml.Node, at string) (string, bool) {
@@ -562,7 +562,7 @@ func (c *compiler) predicate(n *yaml.Node, at string) (argPred, bool) {
 }
 
 // constraint reads a predicate value: a non-null scalar, taken as its
-// literal text (§19.3 rule 8).
+// literal text (docs/protocol/governance.md §2.3 rule 8).
 func (c *compiler) constraint(n *yaml.Node, at string) (string, bool) {
 	d := yamlx.Deref(n)
 	if d.Kind != yaml.ScalarNode || d.Tag == "!!null" {

@@ -27,7 +27,7 @@ func TestParseEmptyIsNoPolicy(t *testing.T) {
 	}
 }
 
-// TestSpecExampleMessage is the message §19.3 quotes.
+// TestSpecExampleMessage is the message docs/protocol/governance.md §2.3 quotes.
 func TestSpecExampleMessage(t *testing.T) {
 	_, err := Parse(doc(
 		"default_action: deny",
@@ -391,7 +391,7 @@ func TestParseAccepts(t *testing.T) {
 	}
 }
 
-// TestScalarsAreLiteralText checks §19.3 rule 8: a non-string scalar means
+// TestScalarsAreLiteralText checks docs/protocol/governance.md §2.3 rule 8: a non-string scalar means
 // its YAML text, not the value YAML would decode.
 func TestScalarsAreLiteralText(t *testing.T) {
 	b, err := Parse(doc(

@@ -1,10 +1,10 @@
-// Package policy compiles and evaluates per-agent policy bundles (§19): the
+// Package policy compiles and evaluates per-agent policy bundles (docs/protocol/governance.md §2): the
 // YAML text an operator stores with an agent, strictly validated so that a
 // misspelt key can never silently widen a rule, and evaluated against every
 // new step to decide allow, deny or require_approval.
 //
 // The package does no I/O and reads no clock. It also does not apply rate
-// limits: it only validates and carries the rule's rate_limit block (§20),
+// limits: it only validates and carries the rule's rate_limit block (docs/protocol/governance.md §3),
 // which the kernel's limiter consumes.
 package policy
 
@@ -17,7 +17,7 @@ const (
 	RequireApproval = "require_approval"
 )
 
-// Special rule ids (Appendix A). No bundle may use them as a rule id, so a
+// Special rule ids (docs/protocol/README.md §6). No bundle may use them as a rule id, so a
 // recorded rule id always tells where a decision came from.
 const (
 	RuleDefault     = "default"
@@ -26,7 +26,7 @@ const (
 	RuleBundleError = "bundle-error"
 )
 
-// Reasons this package or its caller attach to decisions (Appendix A).
+// Reasons this package or its caller attach to decisions (docs/protocol/README.md §6).
 const (
 	ReasonPolicyDenied  = "policy_denied"
 	ReasonDefaultDeny   = "no explicit allow rule matched"
@@ -71,7 +71,7 @@ type Then struct {
 
 // ApprovalConfig is a rule's approval_config block.
 type ApprovalConfig struct {
-	Approvers []string      // empty: anyone may decide (§18.3)
+	Approvers []string      // empty: anyone may decide (docs/protocol/governance.md §1.3)
 	Timeout   time.Duration // 0: the kernel's --approval-timeout
 	Message   string
 }

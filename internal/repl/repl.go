@@ -1,5 +1,5 @@
 // Package repl is the dev REPL that `rebuno dev` runs on a terminal
-// (PROTOCOL.md §27): the client commands of `rebuno exec …` and
+// (docs/protocol/configuration.md §7): the client commands of `rebuno exec …` and
 // `rebuno agent …` without the leading `rebuno`, with line editing, history,
 // tab completion of verbs, execution ids and agent ids, and `watch`. Every
 // command runs the CLI's own code against the kernel's HTTP API with the
@@ -25,7 +25,7 @@ import (
 	"github.com/rebuno/rebuno/internal/cli"
 )
 
-// Prompt is the REPL's prompt (§27).
+// Prompt is the REPL's prompt (docs/protocol/configuration.md §7).
 const Prompt = "rebuno> "
 
 // HistoryName is the history file in the home directory.

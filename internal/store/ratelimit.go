@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Rate-limit budgets (docs/protocol §20) are token buckets: capacity
+// Rate-limit budgets (docs/protocol docs/protocol/governance.md §3) are token buckets: capacity
 // maxCalls, refilled continuously at maxCalls per window. In `rebuno dev`
 // the kernel keeps them in memory; in server mode they live in the shared
 // store so that every replica draws on one budget, each check one atomic

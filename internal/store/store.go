@@ -29,7 +29,7 @@ type Store interface {
 	// Update runs fn in one write transaction. Everything fn writes commits
 	// together, durably, before Update returns nil; if fn returns an error
 	// nothing it wrote is kept. lockExecutionID names the execution whose
-	// operations must be serialised (§23.2); "" when the operation creates one
+	// operations must be serialised (docs/protocol/operations.md §2.2); "" when the operation creates one
 	// or touches none. Backends may group the transactions of concurrent
 	// callers into one physical commit.
 	Update(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx Tx) error) error
@@ -92,12 +92,12 @@ type Reader interface {
 	// MaxOccurrence is the highest occurrence recorded for this identity.
 	MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (occ int64, found bool, err error)
 	// HasIndeterminate reports a failed step of this identity whose error
-	// reason is "indeterminate" (§12.4).
+	// reason is "indeterminate" (docs/protocol/steps.md §8).
 	HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error)
 
 	Dispatch(ctx context.Context, id string) (*Dispatch, error)
 	// Counter is how many times a step identity has been consumed by one
-	// dispatch of an execution (§11.5).
+	// dispatch of an execution (docs/protocol/identity.md §6).
 	Counter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (consumed int64, found bool, err error)
 
 	Agent(ctx context.Context, id string) (*Agent, error)
@@ -119,7 +119,7 @@ type Reader interface {
 	// when there is none.
 	NextApprovalTimeout(ctx context.Context) (time.Time, error)
 	// RateLimitMark is the time of the last audited rate-limit refusal of a
-	// step id (§20).
+	// step id (docs/protocol/governance.md §3).
 	RateLimitMark(ctx context.Context, executionID, stepID string) (at time.Time, found bool, err error)
 
 	// Resources lists an execution's resources in registration order.
@@ -258,14 +258,14 @@ type Execution struct {
 	// Bookkeeping kept on the row so that no operation scans history.
 	// Writing lists the tool and local steps that were started and may
 	// still be executing (a capture reads them to find writers at work,
-	// RESOURCES-AND-FORKS §3.3): every start adds its step, every end
+	// docs/protocol/resources.md §3): every start adds its step, every end
 	// removes it, and a reader keeps only those still executing.
 	Writing    []string
 	DispatchID string // newest dispatch
 	LastSeq    int64  // last event_seq
 	StepOrder  int64  // last step recording order (copies included)
-	StepCount  int64  // steps recorded by the execution itself (§23.4)
-	ByteCount  int64  // bytes stored by the execution itself (§23.4)
+	StepCount  int64  // steps recorded by the execution itself (docs/protocol/operations.md §2.4)
+	ByteCount  int64  // bytes stored by the execution itself (docs/protocol/operations.md §2.4)
 }
 
 // ExecutionFilter selects executions for ListExecutions: newest first, ids
@@ -309,7 +309,7 @@ type Step struct {
 	Attempt     int64
 	TerminalSeq int64
 	// StartInfo is the resources entries of the step's latest live start
-	// (JSON), answered again to a same-attempt retry (§11.6).
+	// (JSON), answered again to a same-attempt retry (docs/protocol/identity.md §7).
 	StartInfo []byte
 	// BodyExecutionID and BodyStepID name the step whose args, result and
 	// error a fork's copy shares; empty on steps that own their bodies.
@@ -318,7 +318,7 @@ type Step struct {
 }
 
 // Resource is external state an execution registered
-// (RESOURCES-AND-FORKS §3.1).
+// (docs/protocol/resources.md §2).
 type Resource struct {
 	ExecutionID           string
 	Key                   string
@@ -345,7 +345,7 @@ type Checkpoint struct {
 	InvalidatedSeq int64 // 0 while open
 }
 
-// Dispatch is the stored dispatch row (§2.9).
+// Dispatch is the stored dispatch row (docs/protocol/dispatch.md §1).
 type Dispatch struct {
 	ID              string
 	ExecutionID     string
@@ -393,7 +393,7 @@ type IdempotencyRecord struct {
 	CreatedAt   time.Time
 }
 
-// Approval is a human decision a step waits for (§2.5).
+// Approval is a human decision a step waits for (docs/protocol/governance.md §1.1).
 type Approval struct {
 	ID          string
 	ExecutionID string

@@ -5,7 +5,7 @@ package wire
 
 import "slices"
 
-// Step decisions (PROTOCOL §10.3, §13).
+// Step decisions (docs/protocol/steps.md §3, §10).
 const (
 	DecisionProceed           = "proceed"
 	DecisionReplay            = "replay"
@@ -17,7 +17,7 @@ const (
 	DecisionRecorded          = "recorded"
 )
 
-// Error codes of the envelope (PROTOCOL §5.2).
+// Error codes of the envelope (docs/protocol/errors.md §2).
 const (
 	CodeValidation        = "validation_error"
 	CodeUnauthorized      = "unauthorized"
@@ -97,7 +97,7 @@ const (
 	ApprovalExpired = "expired"
 )
 
-// Dispatch statuses (internal, PROTOCOL §2.9).
+// Dispatch statuses (internal, docs/protocol/dispatch.md §1).
 const (
 	DispatchPending  = "pending"
 	DispatchInFlight = "in_flight"
@@ -105,7 +105,7 @@ const (
 	DispatchRetired  = "retired"
 )
 
-// Event types (PROTOCOL §14.2).
+// Event types (docs/protocol/events.md §2).
 const (
 	EventExecutionCreated   = "execution.created"
 	EventExecutionForked    = "execution.forked"
@@ -137,7 +137,7 @@ const (
 	EventDispatchLeaseExpired = "dispatch.lease_expired"
 )
 
-// Special rule ids (Appendix A).
+// Special rule ids (docs/protocol/README.md §6).
 const (
 	RuleDefault            = "default"
 	RuleLocal              = "local"
@@ -146,7 +146,7 @@ const (
 	RuleIndeterminateRetry = "__indeterminate_retry"
 )
 
-// Reasons, rationales and clean-up causes (Appendix A).
+// Reasons, rationales and clean-up causes (docs/protocol/README.md §6).
 const (
 	ReasonPolicyDenied         = "policy_denied"
 	ReasonNoAllowRule          = "no explicit allow rule matched"
@@ -171,7 +171,7 @@ const (
 	IndeterminateMessage       = "outcome unknown: this may already have taken effect. Check the state before continuing."
 )
 
-// Header names (Appendix A).
+// Header names (docs/protocol/README.md §6).
 const (
 	HeaderAuthorization   = "Authorization"
 	HeaderAgentID         = "Rebuno-Agent-Id"
@@ -196,7 +196,7 @@ const (
 	OccurrenceMessagePrefix = "rebuno-occurrence-v1"
 )
 
-// Limits (Appendix A).
+// Limits (docs/protocol/README.md §6).
 const (
 	MaxNesting            = 128
 	MaxDeltaBytes         = 7000

@@ -9,7 +9,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- §7.10 ----
+// ---- docs/protocol/executions.md §11 ----
 
 // TestAPIPrevious checks GET …/previous: the parent's state, else its
 // output, verbatim; null without a parent; dual auth.
@@ -74,7 +74,7 @@ func TestAPIPrevious(t *testing.T) {
 	hsWantErr(t, k.Do("GET", "/v0/executions/nope/previous", nil, nil), 400, "validation_error")
 }
 
-// ---- §21 ----
+// ---- docs/protocol/governance.md §4 ----
 
 // TestAPIAgentsAdmin covers register (create and update), list, read,
 // delete, policy load and metadata as the Agent shows them, and that the
@@ -216,7 +216,7 @@ func TestAPIAgentsAdmin(t *testing.T) {
 	if ids := hsExecutionIDs(t, k, "agent_id=alpha"); len(ids) != 1 || ids[0] != id {
 		t.Fatalf("list by deleted agent: %v", ids)
 	}
-	// Creating for the deleted agent is 404 (§7.1).
+	// Creating for the deleted agent is 404 (docs/protocol/executions.md §2).
 	env = hsWantErr(t, do("POST", "/v0/executions", `{"agent_id":"alpha"}`), 404, "not_found")
 	if env.Message != "agent not found" {
 		t.Fatalf("message %q", env.Message)

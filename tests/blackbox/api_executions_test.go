@@ -10,7 +10,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- §2.1, §7.1, §7.2: the Execution ----
+// ---- docs/protocol/executions.md §1, §2, §3: the Execution ----
 
 // TestAPIExecutionShape checks the Execution JSON across its life: the
 // fields present, their types, the presence rules and verbatim input and
@@ -63,7 +63,7 @@ func TestAPIExecutionShape(t *testing.T) {
 			t.Fatalf("input not verbatim: %s", raw["input"])
 		}
 	}
-	// The created log: execution.created carries agent_version (§14.2).
+	// The created log: execution.created carries agent_version (docs/protocol/events.md §2).
 	evs := k.Events(fid)
 	if len(evs) < 3 || evs[0].Type != "execution.created" || evs[1].Type != "execution.started" || evs[2].Type != "dispatch.queued" {
 		t.Fatalf("create log %v", k.EventTypes(fid))
@@ -113,7 +113,7 @@ func TestAPIExecutionShape(t *testing.T) {
 	if _, ok := cancelled["output"]; ok {
 		t.Fatalf("output on a cancelled execution: %s", r.Body)
 	}
-	// Cancel again, cancel unknown (§7.6).
+	// Cancel again, cancel unknown (docs/protocol/executions.md §7).
 	hsWantErr(t, k.Do("POST", "/v0/executions/"+fid+"/cancel", nil, nil), 409, "execution_terminal")
 	hsWantErr(t, k.Do("POST", "/v0/executions/0190a5b0-0000-7000-8000-000000000001/cancel", nil, nil), 404, "not_found")
 
@@ -142,7 +142,7 @@ func hsStartRunFor(t *testing.T, k *kt.Kernel, a *kt.Agent, id string) hsRun {
 	return hsRun{k: k, a: a, id: id, lease: kt.LeaseOf(wh)}
 }
 
-// ---- §7.3 ----
+// ---- docs/protocol/executions.md §4 ----
 
 type hsPage struct {
 	Executions []map[string]any `json:"executions"`

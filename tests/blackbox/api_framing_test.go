@@ -11,7 +11,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- §3.1: framing of every response ----
+// ---- docs/protocol/http.md §1: framing of every response ----
 
 // TestAPIResponseFraming checks Rebuno-Request-Id, the JSON content type and
 // the single trailing newline on answers of every kind, success and error.
@@ -67,7 +67,7 @@ func TestAPIResponseFraming(t *testing.T) {
 	check("409", k.Do("POST", "/v0/executions/"+run.id+"/cancel", nil, nil), 409)
 	check("delete 404", k.Do("DELETE", "/v0/agents/nobody", nil, nil), 404)
 
-	// The request id is logged (§3.1).
+	// The request id is logged (docs/protocol/http.md §1).
 	last := k.Do("GET", "/v0/agents/nobody", nil, nil)
 	rid := last.Header.Get("Rebuno-Request-Id")
 	deadline := time.Now().Add(5 * time.Second)
@@ -79,10 +79,10 @@ func TestAPIResponseFraming(t *testing.T) {
 	}
 }
 
-// ---- §22 ----
+// ---- docs/protocol/operations.md §1 ----
 
 // TestAPIHealthReadyMetrics checks the bodies of health and readiness and
-// that /metrics names every series §22 requires, with closed label sets
+// that /metrics names every series docs/protocol/operations.md §1 requires, with closed label sets
 // initialised and the route label holding the pattern, never the raw path.
 func TestAPIHealthReadyMetrics(t *testing.T) {
 	t.Parallel()
@@ -125,7 +125,7 @@ func TestAPIHealthReadyMetrics(t *testing.T) {
 			t.Errorf("metrics: no series rebuno_%s", name)
 		}
 	}
-	// Closed label sets are initialised at 0 (§22).
+	// Closed label sets are initialised at 0 (docs/protocol/operations.md §1).
 	for _, series := range []string{
 		`rebuno_dispatch_outcomes_total{outcome="success"}`, `rebuno_dispatch_outcomes_total{outcome="rejected"}`,
 		`rebuno_dispatch_outcomes_total{outcome="exhausted"}`,

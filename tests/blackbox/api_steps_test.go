@@ -8,7 +8,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- §14.1 ----
+// ---- docs/protocol/events.md §1 ----
 
 // TestAPIEventsPaging reads a log of more than 1,000 events with every
 // combination of after_seq and limit.
@@ -77,7 +77,7 @@ func TestAPIEventsPaging(t *testing.T) {
 	hsWantErr(t, k.Do("GET", "/v0/executions/0190a5b0-0000-7000-8000-000000000002/events", nil, nil), 404, "not_found")
 }
 
-// ---- §7.2 steps ----
+// ---- docs/protocol/executions.md §3 steps ----
 
 // TestAPISteps checks the steps list (recording order, every status filter,
 // streaming framing) and single step reads, including a step named under
@@ -206,7 +206,7 @@ func TestAPISteps(t *testing.T) {
 	hsWantErr(t, k.Do("GET", "/v0/executions/0190a5b0-0000-7000-8000-000000000003/steps", nil, nil), 404, "not_found")
 	k.Must(200, k.Do("GET", "/v0/executions/"+run2.id+"/steps/"+other, nil, nil))
 
-	// After a cancel the executing steps are cancelled (§7.8) and the
+	// After a cancel the executing steps are cancelled (docs/protocol/executions.md §9) and the
 	// filters follow.
 	k.Must(204, k.Do("POST", "/v0/executions/"+run.id+"/cancel", nil, nil))
 	if got, want := ids(list("?status=cancelled")), pick(2, 4); got != want {

@@ -1,8 +1,8 @@
 package blackbox
 
-// Black-box tests of the HTTP surface: the resource shapes of §2, the common
-// HTTP rules of §3, executions (§7.1–7.3, §7.10), the event log read of §14.1,
-// the agents admin API of §21 and health, readiness and metrics (§22). The
+// Black-box tests of the HTTP surface: the resource shapes of docs/protocol/README.md §5, the common
+// HTTP rules of docs/protocol/http.md, executions (docs/protocol/executions.md §2–§4, §11), the event log read of docs/protocol/events.md §1,
+// the agents admin API of docs/protocol/governance.md §4 and health, readiness and metrics (docs/protocol/operations.md §1). The
 // helpers at the top (prefixed hs, "HTTP surface") are shared by
 // badinput_test.go and auth_test.go.
 
@@ -163,7 +163,7 @@ var hsNoRedirect = &http.Client{
 	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 }
 
-// hsEnvelope is the error body of §5.1.
+// hsEnvelope is the error body of docs/protocol/errors.md §1.
 type hsEnvelope struct {
 	Code    string         `json:"code"`
 	Message string         `json:"message"`
@@ -202,7 +202,7 @@ func hsWantField(t *testing.T, r *kt.Response, field string) {
 
 var hsUUIDv7 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
-// hsWantJSON asserts the framing of §3.1 on a JSON answer.
+// hsWantJSON asserts the framing of docs/protocol/http.md §1 on a JSON answer.
 func hsWantJSON(t *testing.T, r *kt.Response) {
 	t.Helper()
 	if ct := r.Header.Get("Content-Type"); ct != "application/json; charset=utf-8" {
@@ -311,7 +311,7 @@ func hsSHA256(s string) string {
 
 var hsTime = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{0,8}[1-9])?Z$`)
 
-// hsWantTime asserts the time format of §1.3.
+// hsWantTime asserts the time format of docs/protocol/README.md §3.
 func hsWantTime(t *testing.T, what string, v any) time.Time {
 	t.Helper()
 	s, ok := v.(string)

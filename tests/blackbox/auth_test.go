@@ -1,7 +1,7 @@
 package blackbox
 
-// Black-box tests of authentication and authorisation (§4) and the auth rows
-// of §28: bearer tokens, HMAC request signatures (v1 and legacy), dual
+// Black-box tests of authentication and authorisation (docs/protocol/auth.md) and the auth rows
+// of docs/protocol/errors.md §4: bearer tokens, HMAC request signatures (v1 and legacy), dual
 // routes, agent scope, and the dispatch headers that --require-v1-signatures
 // (the default) makes mandatory.
 
@@ -21,7 +21,7 @@ import (
 // headers optional: the mode for agents written against older kernels.
 const legacyOn = "--require-v1-signatures=false"
 
-// hsWantUnauthorized asserts the fixed 401 of §4.3: code and message are
+// hsWantUnauthorized asserts the fixed 401 of docs/protocol/auth.md §3: code and message are
 // both "unauthorized" and nothing else is said.
 func hsWantUnauthorized(t *testing.T, what string, r *kt.Response) {
 	t.Helper()
@@ -45,7 +45,7 @@ func hsPlain(t *testing.T, k *kt.Kernel, method, path, body string) *http.Reques
 	return req
 }
 
-// TestAuthBearer covers §4.2 with a token configured: every malformed,
+// TestAuthBearer covers docs/protocol/auth.md §2 with a token configured: every malformed,
 // missing or wrong Authorization is 401 on every bearer and dual route and
 // writes nothing; the scheme word is case-insensitive, the token is not.
 func TestAuthBearer(t *testing.T) {
@@ -128,7 +128,7 @@ func TestAuthBearer(t *testing.T) {
 		}
 	}
 
-	// Route, method and body size are decided before authentication (§3.6).
+	// Route, method and body size are decided before authentication (docs/protocol/http.md §8).
 	hsWantErr(t, hsSend(t, k, hsPlain(t, k, "DELETE", "/v0/executions", "")), 405, "method_not_allowed")
 	hsWantErr(t, hsSend(t, k, hsPlain(t, k, "GET", "/v0/nowhere", "")), 404, "not_found")
 	resp, body := hsRaw(t, k, []byte("POST /v0/executions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20000000\r\n\r\n{"))
@@ -165,7 +165,7 @@ func TestAuthBearer(t *testing.T) {
 	}
 }
 
-// TestAuthBearerOff covers §4.2 without a token: bearer routes are open and
+// TestAuthBearerOff covers docs/protocol/auth.md §2 without a token: bearer routes are open and
 // ignore Authorization, but HMAC routes still need a signature.
 func TestAuthBearerOff(t *testing.T) {
 	t.Parallel()
@@ -204,7 +204,7 @@ func TestAuthBearerOff(t *testing.T) {
 	hsUnchanged(t, k, run.id, before, "an unsigned agent request")
 }
 
-// TestAuthHMAC covers §4.3 on the HMAC and dual routes: each broken
+// TestAuthHMAC covers docs/protocol/auth.md §3 on the HMAC and dual routes: each broken
 // signature, timestamp, agent id or signed header is the same bare 401 and
 // writes nothing; valid v1 and legacy signatures pass.
 func TestAuthHMAC(t *testing.T) {
@@ -357,7 +357,7 @@ func TestAuthHMAC(t *testing.T) {
 		}},
 	}
 	// Routes: an HMAC write with a body, one without, and a dual read (where
-	// any Rebuno-Agent-Id or Rebuno-Signature selects HMAC, §4.4).
+	// any Rebuno-Agent-Id or Rebuno-Signature selects HMAC, docs/protocol/auth.md §4).
 	targets := []struct {
 		method, path string
 		body         []byte
@@ -422,7 +422,7 @@ func TestAuthHMAC(t *testing.T) {
 	k.Must(204, hsSend(t, k, hsAgentReq(t, k, a, "POST", ex+"/heartbeat", nil, hsSig{legacy: true})))
 }
 
-// TestAuthCRLF sends a CR inside a signed header, which §4.3 refuses. The
+// TestAuthCRLF sends a CR inside a signed header, which docs/protocol/auth.md §3 refuses. The
 // Go HTTP server rejects such a request line itself (400, before the kernel
 // sees it), and unfolds obsolete line folding; either way the request fails
 // and nothing is written.
@@ -468,7 +468,7 @@ func TestAuthCRLF(t *testing.T) {
 	}
 }
 
-// TestAuthDual covers dual routes and agent scope (§4.4, §4.5): an agent
+// TestAuthDual covers dual routes and agent scope (docs/protocol/auth.md §4, §5): an agent
 // reads its own executions, is refused another agent's with 403 and learns
 // 404 for unknown ones; a bearer client reads everything; an agent cannot
 // write to another agent's execution.
@@ -502,7 +502,7 @@ func TestAuthDual(t *testing.T) {
 		k.Must(200, k.Do("GET", p, nil, nil))
 		// Nobody.
 		hsWantUnauthorized(t, "anonymous GET "+p, hsSend(t, k, hsPlain(t, k, "GET", p, "")))
-		// Dispatch headers on GETs are ignored, even malformed ones (§6).
+		// Dispatch headers on GETs are ignored, even malformed ones (docs/protocol/http.md §10).
 		r = hsSend(t, k, hsAgentReq(t, k, a, "GET", p, nil, hsSig{dispatchID: "abc", attempt: "x"}))
 		if r.Status != 200 {
 			t.Fatalf("GET %s with malformed dispatch headers: %s", p, r)
@@ -523,7 +523,7 @@ func TestAuthDual(t *testing.T) {
 	// token (the Rebuno headers are ignored there).
 	hsWantUnauthorized(t, "agent on the list", hsSend(t, k, hsAgentReq(t, k, a, "GET", "/v0/executions", nil, hsSig{})))
 
-	// Another agent's writes are 403 and change nothing (§4.5).
+	// Another agent's writes are 403 and change nothing (docs/protocol/auth.md §5).
 	lb := hsLeaseSig(runB.lease)
 	for _, w := range []struct{ method, path, body string }{
 		{"POST", ex + "/steps", `{"kind":"tool_call","target":"intrude"}`},

@@ -14,7 +14,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// TestBadInputSubmit covers the submit body and headers (§10.1, §6): every
+// TestBadInputSubmit covers the submit body and headers (docs/protocol/steps.md §1, docs/protocol/http.md §10): every
 // refusal leaves the execution, its log and its steps as they were, and the
 // edge values just inside the rules are accepted.
 func TestBadInputSubmit(t *testing.T) {
@@ -126,7 +126,7 @@ func TestBadInputSubmit(t *testing.T) {
 	if r.Status != 200 || r.Header.Get("Rebuno-Step-Occurrence") != "0" {
 		t.Fatalf("upper-case dispatch id: %s", r)
 	}
-	// A lone surrogate is canonicalised as U+FFFD (§11.4 D11), and stored as sent.
+	// A lone surrogate is canonicalised as U+FFFD (docs/protocol/identity.md §5 D11), and stored as sent.
 	d = a.Submit(run.id, run.lease, `{"kind":"tool_call","target":"s","args":{"x":"\ud800"}}`)
 	raw := hsRawMembers(t, k.Must(200, k.Do("GET", path+"/"+d.StepID, nil, nil)).Body)
 	if string(raw["args"]) != `{"x":"\ud800"}` || string(raw["args_hash"]) != `"6587c929901f4acd02e8476793f8299067f1e19c0afc2201a6b4be08b18de706"` {
@@ -157,7 +157,7 @@ func TestBadInputSubmit(t *testing.T) {
 	hsUnchanged(t, k, run2.id, before2, "a submit on a terminal execution")
 }
 
-// TestBadInputAgentWrites covers the other agent routes (§6 rows 11–16):
+// TestBadInputAgentWrites covers the other agent routes (docs/protocol/http.md §10 rows 11–16):
 // dispatch headers on each, body rules, step id syntax, stream deltas and
 // the heartbeat's empty body.
 func TestBadInputAgentWrites(t *testing.T) {
@@ -322,7 +322,7 @@ func TestBadInputAgentWrites(t *testing.T) {
 	hsUnchanged(t, k, run.id, before, "a write to a terminal execution")
 }
 
-// TestBadInputPathsAndQueries covers §3.4 and §3.5: path parameters, query
+// TestBadInputPathsAndQueries covers docs/protocol/http.md §6 and §7: path parameters, query
 // parameters, unknown routes, wrong methods and oversized headers.
 func TestBadInputPathsAndQueries(t *testing.T) {
 	t.Parallel()
@@ -503,7 +503,7 @@ func TestBadInputPathsAndQueries(t *testing.T) {
 	}
 }
 
-// TestBadInputRegister covers agent registration (§21.2): every refusal is
+// TestBadInputRegister covers agent registration (docs/protocol/governance.md §4.2): every refusal is
 // 400 and leaves the agents as they were; the edges are accepted.
 func TestBadInputRegister(t *testing.T) {
 	t.Parallel()
@@ -589,7 +589,7 @@ func TestBadInputRegister(t *testing.T) {
 	}
 }
 
-// TestBadInputMetadata covers PUT /v0/agents/{id}/metadata (§21.4): another
+// TestBadInputMetadata covers PUT /v0/agents/{id}/metadata (docs/protocol/governance.md §4.4): another
 // agent's metadata is 403, over-long or wrongly typed fields are 400, and
 // none of them changes the agent.
 func TestBadInputMetadata(t *testing.T) {

@@ -1,6 +1,6 @@
 package blackbox
 
-// Black-box tests of §28 (bad input), in scope for the HTTP surface: every
+// Black-box tests of docs/protocol/errors.md §4 (bad input), in scope for the HTTP surface: every
 // refused input is answered with its status and envelope code, and leaves the
 // store as it was, which each test proves by reading the affected state back.
 
@@ -26,7 +26,7 @@ func hsNest(n int, v string) string {
 	return strings.Repeat("[", n) + v + strings.Repeat("]", n)
 }
 
-// TestBadInputBodySize covers §3.2 with --max-body-bytes 65536: a declared
+// TestBadInputBodySize covers docs/protocol/http.md §3 with --max-body-bytes 65536: a declared
 // length over the limit is refused before the body is read, a chunked body as
 // soon as it crosses the limit, on bearer and HMAC routes alike (the body
 // limit comes before authentication), and a body of exactly the limit is
@@ -132,7 +132,7 @@ func (r hsJSONRoute) do(t *testing.T, k *kt.Kernel, body []byte) *kt.Response {
 	return hsSend(t, k, hsAgentReq(t, k, r.agent, r.method, r.path, body, hsLeaseSig(r.lease)))
 }
 
-// TestBadInputJSONSyntax sends bodies that break the rules of §3.3 to every
+// TestBadInputJSONSyntax sends bodies that break the rules of docs/protocol/http.md §5 to every
 // JSON route and expects 400 validation_error and no write.
 func TestBadInputJSONSyntax(t *testing.T) {
 	t.Parallel()
@@ -218,7 +218,7 @@ func TestBadInputJSONSyntax(t *testing.T) {
 	}
 }
 
-// TestBadInputCreate covers the create body (§7.1): each refused body names
+// TestBadInputCreate covers the create body (docs/protocol/executions.md §2): each refused body names
 // its cause, nothing is created, and the edge values just inside the limits
 // are accepted and returned verbatim.
 func TestBadInputCreate(t *testing.T) {
@@ -299,7 +299,7 @@ func TestBadInputCreate(t *testing.T) {
 			t.Errorf("%s: message %q, want %q", c.name, env.Message, c.message)
 		}
 	}
-	// A repeated Idempotency-Key header, even with equal values (§3.4).
+	// A repeated Idempotency-Key header, even with equal values (docs/protocol/http.md §6).
 	req := hsPlain(t, k, "POST", "/v0/executions", `{"agent_id":"maker"}`)
 	req.Header.Add("Idempotency-Key", "dup-1")
 	req.Header.Add("Idempotency-Key", "dup-1")
@@ -429,7 +429,7 @@ func TestBadInputParent(t *testing.T) {
 	}
 }
 
-// TestBadInputIdempotency covers the create Idempotency-Key (§7.1): a retry
+// TestBadInputIdempotency covers the create Idempotency-Key (docs/protocol/executions.md §2): a retry
 // with the same body returns the same execution and creates nothing, a
 // different body is 409, and the key may move between header and body.
 func TestBadInputIdempotency(t *testing.T) {

@@ -1,7 +1,7 @@
 package blackbox
 
-// Black-box tests of durability across kill -9 (§23.1), retention (§7.9)
-// and storage limits (§23.4).
+// Black-box tests of durability across kill -9 (docs/protocol/operations.md §2.1), retention (docs/protocol/executions.md §10)
+// and storage limits (docs/protocol/operations.md §2.4).
 
 import (
 	"encoding/json"
@@ -30,7 +30,7 @@ type cxAgentRef struct{ base, id, secret string }
 
 func cxRef(k *kt.Kernel, a *kt.Agent) cxAgentRef { return cxAgentRef{k.URL, a.ID, a.Secret} }
 
-// cxCall sends a v1-signed agent request (§4.3). Unlike the harness's
+// cxCall sends a v1-signed agent request (docs/protocol/auth.md §3). Unlike the harness's
 // helpers it may be called from any goroutine: failures are returned, never
 // fatal.
 func cxCall(a cxAgentRef, method, path, body string, l kt.Lease) (int, []byte, error) {
@@ -121,7 +121,7 @@ func (w *cxWorkload) violate(format string, args ...any) {
 }
 
 // route starts a handler for every webhook newer than the last one of its
-// execution, as an SDK does (§8.7).
+// execution, as an SDK does (docs/protocol/sdk.md §1).
 func (w *cxWorkload) route(stop <-chan struct{}) {
 	for {
 		select {
@@ -446,7 +446,7 @@ func TestCrashDuringTail(t *testing.T) {
 }
 
 // TestRetention: terminal executions older than --retention are deleted by
-// the sweep; running ones never are, however old (§7.9).
+// the sweep; running ones never are, however old (docs/protocol/executions.md §10).
 func TestRetention(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--retention", "1h", "--cleanup-interval", "1m",
 		"--dispatch-max-attempts", "1000"}})
@@ -512,7 +512,7 @@ func TestRetention(t *testing.T) {
 }
 
 // TestStorageLimitSteps: the step that would exceed --max-steps-per-execution
-// is not recorded; the execution fails with storage_limit_exceeded (§23.4).
+// is not recorded; the execution fails with storage_limit_exceeded (docs/protocol/operations.md §2.4).
 func TestStorageLimitSteps(t *testing.T) {
 	e := cxStart(t, kt.Options{Args: []string{"--max-steps-per-execution", "3"}}, "")
 	l := e.lease
@@ -555,7 +555,7 @@ func TestStorageLimitSteps(t *testing.T) {
 
 // TestStorageLimitBytes: a write that would cross --max-execution-bytes is
 // not applied; the execution fails instead and the request is answered as
-// for a terminal execution (§23.4).
+// for a terminal execution (docs/protocol/operations.md §2.4).
 func TestStorageLimitBytes(t *testing.T) {
 	opt := kt.Options{Args: []string{"--max-body-bytes", "65536", "--max-execution-bytes", "65536"}}
 	big := strings.Repeat("x", 33000)

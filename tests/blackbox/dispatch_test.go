@@ -1,7 +1,7 @@
 package blackbox
 
-// Black-box tests of webhook dispatch (§8) and of leases, heartbeats,
-// reclaim and fencing (§9), driven by the manual test clock.
+// Black-box tests of webhook dispatch (docs/protocol/dispatch.md) and of leases, heartbeats,
+// reclaim and fencing (docs/protocol/dispatch.md §8–§12), driven by the manual test clock.
 
 import (
 	"encoding/json"
@@ -127,7 +127,7 @@ func cxHookAgent(t *testing.T, k *kt.Kernel, id, extra string) (*kt.Agent, *cxHo
 
 var cxUUIDv7 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
-// TestWebhookRequest checks the exact webhook of §8.3 — body bytes, headers,
+// TestWebhookRequest checks the exact webhook of docs/protocol/dispatch.md §4 — body bytes, headers,
 // body-only signature — and that it is sent at once, without polling.
 func TestWebhookRequest(t *testing.T) {
 	k := kt.Start(t, kt.Options{Args: []string{"--dispatch-lease-timeout", "90s"}})
@@ -175,7 +175,7 @@ func TestWebhookRequest(t *testing.T) {
 		if ua := d.Header.Get("User-Agent"); !strings.HasPrefix(ua, "rebuno-kernel/") {
 			t.Fatalf("User-Agent %q", ua)
 		}
-		// An agent verifies it as a body-only signature (§8.7), and it is
+		// An agent verifies it as a body-only signature (docs/protocol/sdk.md §1), and it is
 		// bound to these bytes and to this secret.
 		req := auth.Request{Method: "POST", Target: "/webhook", Header: d.Header, Body: d.Body}
 		if err := auth.Verify(req, []byte(a.Secret), auth.Options{Now: time.Now()}); err != nil {
@@ -196,7 +196,7 @@ func TestWebhookRequest(t *testing.T) {
 }
 
 // TestWebhookSecretAtDelivery: each attempt is sent to the agent's URL and
-// signed with its secret as they are when it is delivered (§8.3).
+// signed with its secret as they are when it is delivered (docs/protocol/dispatch.md §4).
 func TestWebhookSecretAtDelivery(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true})
 	a, h := cxHookAgent(t, k, "agent-d", "")
@@ -217,7 +217,7 @@ func TestWebhookSecretAtDelivery(t *testing.T) {
 	h.none(10 * time.Millisecond)
 }
 
-// TestSlowWebhookDoesNotDelayOthers: each delivery is independent (§8.2).
+// TestSlowWebhookDoesNotDelayOthers: each delivery is independent (docs/protocol/dispatch.md §3).
 func TestSlowWebhookDoesNotDelayOthers(t *testing.T) {
 	k := kt.Start(t, kt.Options{Args: []string{"--dispatch-timeout", "5s"}})
 	slow, slowHook := cxHookAgent(t, k, "slow", "")
@@ -234,8 +234,8 @@ func TestSlowWebhookDoesNotDelayOthers(t *testing.T) {
 }
 
 // TestDispatchFailedDeliveries: a non-2xx answer, a redirect or a timeout is
-// a failed attempt (§8.4), recorded with its cause and retried only when the
-// backoff delay has passed on the kernel's clock (§8.5).
+// a failed attempt (docs/protocol/dispatch.md §5), recorded with its cause and retried only when the
+// backoff delay has passed on the kernel's clock (docs/protocol/dispatch.md §6).
 func TestDispatchFailedDeliveries(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -301,7 +301,7 @@ func TestDispatchFailedDeliveries(t *testing.T) {
 
 // TestWebhookAckWithoutBody: a 2xx is an ack as soon as its headers arrive;
 // the kernel reads at most 64 KiB of the body within the same deadline and
-// does not wait for the rest (§8.3, §8.4).
+// does not wait for the rest (docs/protocol/dispatch.md §4, §5).
 func TestWebhookAckWithoutBody(t *testing.T) {
 	k := kt.Start(t, kt.Options{Args: []string{"--dispatch-timeout", "300ms"}})
 	cases := map[string]func(h *cxHook) func(http.ResponseWriter, *http.Request){
@@ -344,7 +344,7 @@ func TestWebhookAckWithoutBody(t *testing.T) {
 }
 
 // TestDeliveryOutcomeAfterTerminal: a delivery that ends after its execution
-// became terminal writes nothing (§8.4, §7.8).
+// became terminal writes nothing (docs/protocol/dispatch.md §5, docs/protocol/executions.md §9).
 func TestDeliveryOutcomeAfterTerminal(t *testing.T) {
 	k := kt.Start(t, kt.Options{Args: []string{"--dispatch-timeout", "2s"}})
 	release := make(chan int)
@@ -438,7 +438,7 @@ func TestDispatchRetryAfter(t *testing.T) {
 
 // TestDispatchExhaustion: after --dispatch-max-attempts failed deliveries
 // the execution fails with dispatch_exhausted, in the transaction of the
-// last failure, with the clean-up of §7.8 (§8.6, §14.3).
+// last failure, with the clean-up of docs/protocol/executions.md §9 (docs/protocol/dispatch.md §7, docs/protocol/events.md §3).
 func TestDispatchExhaustion(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-max-attempts", "3"}})
 	a, h := cxHookAgent(t, k, "agent-d", "")
@@ -479,7 +479,7 @@ func TestDispatchExhaustion(t *testing.T) {
 }
 
 // TestDispatchProgressResetsBudget: a recorded step outcome resets the
-// attempt budget and the backoff (§8.5, §8.6).
+// attempt budget and the backoff (docs/protocol/dispatch.md §6, §7).
 func TestDispatchProgressResetsBudget(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-max-attempts", "2"}})
 	a, h := cxHookAgent(t, k, "agent-d", "")
@@ -523,7 +523,7 @@ func TestDispatchProgressResetsBudget(t *testing.T) {
 }
 
 // TestDispatchProgressWhileRetrying: progress_attempt is the highest attempt
-// whose step outcome was recorded (§8.6, §13 step 4), also when that attempt's
+// whose step outcome was recorded (docs/protocol/dispatch.md §7, docs/protocol/steps.md §10 step 4), also when that attempt's
 // delivery failed and the agent ran the handler anyway: the renewal has no
 // effect on a dispatch that is not in flight, the progress still counts.
 func TestDispatchProgressWhileRetrying(t *testing.T) {
@@ -552,7 +552,7 @@ func TestDispatchProgressWhileRetrying(t *testing.T) {
 
 // TestLeaseExpiry: an expired lease is reclaimed and redelivered at once
 // under the same dispatch id as attempt+1, with the agent's lease or the
-// kernel default (§9.4, §8.2).
+// kernel default (docs/protocol/dispatch.md §10, §3).
 func TestLeaseExpiry(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-lease-timeout", "60s"}})
 	a := k.NewAgent("leased", `"lease_timeout_seconds":40`)
@@ -575,7 +575,7 @@ func TestLeaseExpiry(t *testing.T) {
 	k.AdvanceClock(2 * time.Second)
 	advanced := time.Now()
 	wh := ea.nextWebhook(ea.id, 2)
-	// Reclaim within 1 s of expiry (§9.4), then redelivery at once.
+	// Reclaim within 1 s of expiry (docs/protocol/dispatch.md §10), then redelivery at once.
 	if took := time.Since(advanced); took > 1500*time.Millisecond {
 		t.Fatalf("expired lease reclaimed and redelivered %v after it expired", took)
 	}
@@ -605,7 +605,7 @@ func TestLeaseExpiry(t *testing.T) {
 }
 
 // TestLeaseRenewal: heartbeats, submits and recorded outcomes renew the
-// lease; replays, errors and reads do not (§9.1, §9.3).
+// lease; replays, errors and reads do not (docs/protocol/dispatch.md §8, §9).
 func TestLeaseRenewal(t *testing.T) {
 	// Requests without an attempt header need the legacy-compatible mode.
 	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{legacyOn}}, `"lease_timeout_seconds":40`)
@@ -617,7 +617,7 @@ func TestLeaseRenewal(t *testing.T) {
 	e.k.Must(204, e.a.Request("POST", "/v0/executions/"+e.id+"/heartbeat", nil, l))
 	e.k.AdvanceClock(30 * time.Second) // 60 s after the claim, 30 s after the heartbeat
 	e.a.NoWebhook(cxQuiet)
-	// A heartbeat without dispatch headers renews the live dispatch (§9.2).
+	// A heartbeat without dispatch headers renews the live dispatch (docs/protocol/dispatch.md §8).
 	e.k.Must(204, e.a.Request("POST", "/v0/executions/"+e.id+"/heartbeat", nil, kt.Lease{Occurrence: -1}))
 	e.k.AdvanceClock(30 * time.Second)
 	e.a.NoWebhook(cxQuiet)
@@ -650,7 +650,7 @@ func TestLeaseRenewal(t *testing.T) {
 }
 
 // TestAckRenewsLease: the ack renews the lease from the time it is recorded
-// (§8.4), not from the claim.
+// (docs/protocol/dispatch.md §5), not from the claim.
 func TestAckRenewsLease(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true})
 	a, h := cxHookAgent(t, k, "agent-d", `"lease_timeout_seconds":40`)
@@ -674,7 +674,7 @@ func TestAckRenewsLease(t *testing.T) {
 }
 
 // TestFencingAfterReclaim: once a lease is reclaimed, the old attempt can
-// report the outcome of a step still executing and nothing else (§9.5).
+// report the outcome of a step still executing and nothing else (docs/protocol/dispatch.md §11).
 func TestFencingAfterReclaim(t *testing.T) {
 	// Requests without an attempt header need the legacy-compatible mode.
 	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{legacyOn}}, `"lease_timeout_seconds":40`)
@@ -759,7 +759,7 @@ func TestFencingAfterReclaim(t *testing.T) {
 }
 
 // TestLeaseExhaustion: lease expiries spend the attempt budget like failed
-// deliveries (§8.6, §9.4).
+// deliveries (docs/protocol/dispatch.md §7, §10).
 func TestLeaseExhaustion(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-max-attempts", "2"}}, `"lease_timeout_seconds":40`)
 	open := e.proceed(e.lease, `{"kind":"tool_call","target":"t"}`)

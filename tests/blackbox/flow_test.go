@@ -41,7 +41,7 @@ func TestFirstRun(t *testing.T) {
 		"step.proposed", "step.allowed", "step.executing", "step.succeeded",
 		"step.proposed", "step.allowed", "step.executing", "step.succeeded", "execution.completed"}
 	got := k.EventTypes(id)
-	// dispatch.acked may land after the first step events (§8.4).
+	// dispatch.acked may land after the first step events (docs/protocol/dispatch.md §5).
 	if !sameMultiset(got, want) || got[0] != want[0] || got[len(got)-1] != "execution.completed" {
 		t.Fatalf("events:\n got %v\nwant %v", got, want)
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// 3. Approvals (§10.4, §18, §9.6)
+// 3. Approvals (docs/protocol/steps.md §4, docs/protocol/governance.md §1, docs/protocol/dispatch.md §12)
 // ---------------------------------------------------------------------------
 
 const gvApprovalBundle = `default_action: allow
@@ -33,7 +33,7 @@ rules:
 `
 
 // gvBlock submits a gated step and checks the blocked answer and the four
-// events of §14.3; it returns the step id and the approval id.
+// events of docs/protocol/events.md §3; it returns the step id and the approval id.
 func gvBlock(t *testing.T, k *kt.Kernel, a *kt.Agent, id string, l kt.Lease, target, args, ruleID string) (string, string) {
 	t.Helper()
 	seq := gvLastSeq(t, k, id)
@@ -68,7 +68,7 @@ func gvBlock(t *testing.T, k *kt.Kernel, a *kt.Agent, id string, l kt.Lease, tar
 	return sid, aid
 }
 
-// gvResolved checks the four events of a grant, deny or expiry (§14.3) after
+// gvResolved checks the four events of a grant, deny or expiry (docs/protocol/events.md §3) after
 // seq and returns the new dispatch id.
 func gvResolved(t *testing.T, k *kt.Kernel, id string, seq int64, first string, sid, aid, target string) (string, []kt.Event) {
 	t.Helper()
@@ -138,7 +138,7 @@ func TestGovApprovalGrant(t *testing.T) {
 		t.Fatalf("timeout_at - created_at = %s", d)
 	}
 
-	// While blocked (§9.6, §10.3, §13, §7.4): the released dispatch gets the
+	// While blocked (docs/protocol/dispatch.md §12, docs/protocol/steps.md §3, §10, docs/protocol/executions.md §5): the released dispatch gets the
 	// answers of a blocked execution and writes nothing.
 	seq := gvLastSeq(t, k, id)
 	r, m := gvSubmit(t, a, id, l1, `{"kind":"tool_call","target":"web_fetch","args":{}}`)
@@ -175,7 +175,7 @@ func TestGovApprovalGrant(t *testing.T) {
 		t.Fatalf("released dispatch: %v", gvTypes(evs))
 	}
 
-	// Approvers check (§18.3): exact, case-sensitive membership.
+	// Approvers check (docs/protocol/governance.md §1.3): exact, case-sensitive membership.
 	for by, body := range map[string]string{"mallory": `{"decided_by":"mallory"}`, "Alice": `{"decided_by":"Alice"}`, "": `{}`} {
 		for _, verb := range []string{"grant", "deny"} {
 			gvExpectError(t, verb+" by "+by, gvDecide(k, aid, verb, body), 403, "forbidden",
@@ -417,7 +417,7 @@ func TestGovApprovalList(t *testing.T) {
 	for _, q := range []string{"?status=open", "?limit=-1", "?limit=x", "?execution_id=nope", "?after=123", "?status=pending&status=granted"} {
 		gvExpectError(t, q, k.Do("GET", "/v0/approvals"+q, nil, nil), 400, "validation_error", "")
 	}
-	// GET returns any status; the body shape is the Approval of §2.5.
+	// GET returns any status; the body shape is the Approval of docs/protocol/governance.md §1.1.
 	ap := gvApproval(t, k, ids[2])
 	if string(ap["status"]) != `"denied"` || string(ap["approvers"]) != "[]" {
 		t.Fatalf("approval %s", gvJSON(ap))
@@ -433,7 +433,7 @@ func TestGovApprovalCancelAndDeadline(t *testing.T) {
 	a := k.NewAgent("gate", "")
 	gvMustPolicy(t, k, "gate", gvApprovalBundle)
 
-	// Cancel: §7.8 expires the pending approval, denies its step and cancels
+	// Cancel: docs/protocol/executions.md §9 expires the pending approval, denies its step and cancels
 	// the step still executing, after the terminal event.
 	id := k.CreateExecution("gate", `{}`)
 	_, l := gvDeliver(t, k, a, id)

@@ -8,7 +8,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// 2. Evaluation through submit (§10.2–§10.4, §12.5, §19.4)
+// 2. Evaluation through submit (docs/protocol/steps.md §2–§4, §9, docs/protocol/governance.md §2.4)
 // ---------------------------------------------------------------------------
 
 const gvEvalBundle = `default_action: deny
@@ -111,7 +111,7 @@ func TestGovPolicyEvaluation(t *testing.T) {
 	gvWaitMetric(t, k, "rebuno_policy_decisions_total", map[string]string{"decision": "deny"}, 7)
 	gvWaitMetric(t, k, "rebuno_policy_decisions_total", map[string]string{"decision": "allow"}, 3)
 
-	// A recorded decision is never re-evaluated (§10.2): flip the bundle,
+	// A recorded decision is never re-evaluated (docs/protocol/steps.md §2): flip the bundle,
 	// then replay the same step ids (occurrence 0) and submit new ones.
 	a.Complete(id, stepIDs["allow rule"], l, `{"hits":1}`)
 	flipped := "default_action: allow\nrules:\n  - id: flip\n    when: {target: \"web_*\"}\n    then: {decision: deny, reason: flipped}\n"

@@ -16,7 +16,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// 1. Policy load (§19.3, §21.3)
+// 1. Policy load (docs/protocol/governance.md §2.3, §4.3)
 // ---------------------------------------------------------------------------
 
 var gvBundleMessage = regexp.MustCompile(`^invalid policy bundle: line ([1-9][0-9]*): (.*)$`)
@@ -35,7 +35,7 @@ func TestGovPolicyLoad(t *testing.T) {
 	if got := gvAgentBundle(t, k, "loader"); got != good {
 		t.Fatalf("stored bundle %q, want %q", got, good)
 	}
-	// The agent's other fields are untouched (§21.3).
+	// The agent's other fields are untouched (docs/protocol/governance.md §4.3).
 	for _, f := range []string{"id", "webhook_url", "registered_at"} {
 		if string(after[f]) != string(before[f]) {
 			t.Fatalf("%s changed: %s -> %s", f, before[f], after[f])
@@ -143,7 +143,7 @@ func TestGovPolicyLoad(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 1b. Provisioning manifest (§25)
+// 1b. Provisioning manifest (docs/protocol/configuration.md §5)
 // ---------------------------------------------------------------------------
 
 func TestGovManifestPolicies(t *testing.T) {
@@ -181,7 +181,7 @@ func TestGovManifestPolicies(t *testing.T) {
 		t.Fatalf("inline bundle %q", got)
 	}
 
-	// Re-registering over the API keeps the provisioned policy (§21.1); the
+	// Re-registering over the API keeps the provisioned policy (docs/protocol/governance.md §4.1); the
 	// bundle then governs the agent's steps.
 	a := k.NewAgent("researcher", "")
 	if got := gvAgentBundle(t, k, "researcher"); got != fileBundle {

@@ -12,7 +12,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// 4. Rate limits (§20)
+// 4. Rate limits (docs/protocol/governance.md §3)
 // ---------------------------------------------------------------------------
 
 func gvRateLimited(t *testing.T, what string, m map[string]json.RawMessage, reason string, retryAfter int64) {
@@ -223,7 +223,7 @@ func TestGovRateLimitScopes(t *testing.T) {
 
 // TestGovRateLimitParameterChange: an execution rule with new parameters
 // keeps its bucket, clamped to the new capacity; a global rule with new
-// parameters uses a new bucket (§20).
+// parameters uses a new bucket (docs/protocol/governance.md §3).
 func TestGovRateLimitParameterChange(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true})
 	a := k.NewAgent("tuned", "")

@@ -1,8 +1,8 @@
 package blackbox
 
 // Black-box tests of governance over HTTP: policy loading and validation
-// (PROTOCOL.md §19, §21.3, §25), evaluation through submit (§10.2–§10.4,
-// §12.5, §14.3), approvals (§7.8, §9.6, §18) and rate limits (§20, §24.4).
+// (docs/protocol/governance.md §2, §4.3, docs/protocol/configuration.md §5), evaluation through submit (docs/protocol/steps.md §2–§4,
+// docs/protocol/steps.md §9, docs/protocol/events.md §3), approvals (docs/protocol/executions.md §9, docs/protocol/dispatch.md §12, docs/protocol/governance.md §1) and rate limits (docs/protocol/governance.md §3, docs/protocol/configuration.md §4).
 // Every test drives the real binary; time moves only through the manual test
 // clock.
 
@@ -156,7 +156,7 @@ func gvExpectTypes(t *testing.T, what string, evs []kt.Event, want ...string) {
 	}
 }
 
-// gvStepPayload checks the members every step.* payload carries (§14.2).
+// gvStepPayload checks the members every step.* payload carries (docs/protocol/events.md §2).
 func gvStepPayload(t *testing.T, e kt.Event, stepID, kind, target string) {
 	t.Helper()
 	if e.Payload["step_id"] != stepID || e.Payload["step_type"] != kind || e.Payload["target"] != target {

@@ -12,7 +12,7 @@ import (
 
 // ---- captures ----
 
-// TestCaptureRefusals: every refusal token of §3.4, in rule order, on the
+// TestCaptureRefusals: every refusal token of docs/protocol/resources.md §4, in rule order, on the
 // publish route and with step outcomes; writers, including an orphan of a
 // reclaimed attempt that stops being one; a late capture of a re-run
 // orphan's first attempt.
@@ -212,7 +212,7 @@ func TestCaptureFailures(t *testing.T) {
 	rfCheckCoverage(t, k, r.id)
 }
 
-// TestSubmitResources: the submit body's resources (§10.1 hooks), the step's
+// TestSubmitResources: the submit body's resources (docs/protocol/steps.md §1 hooks), the step's
 // resources, and the same-attempt retry answering the stored entries.
 func TestSubmitResources(t *testing.T) {
 	k, a := rfStartKernel(t, "")

@@ -10,7 +10,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- Examples A–F (§4.3) ----
+// ---- Examples A–F (docs/protocol/resources.md §7) ----
 
 // rfForkWant is one row of an example's fork table, in the example's
 // numbering.
@@ -266,7 +266,7 @@ func rfExamples() []rfExample {
 	}
 }
 
-// TestResourceExamples reproduces Examples A–F of RESOURCES-AND-FORKS §4.3
+// TestResourceExamples reproduces Examples A–F of docs/protocol/resources.md §7
 // over HTTP: each log exactly, the `due` answers, the generations, the
 // ranges, the point answer at every seq (against the oracle), and each fork
 // of the example's table with its log and rows (against the fork model).

@@ -14,7 +14,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- the fork model (§5.2–5.3, from the source's log and steps) ----
+// ---- the fork model (docs/protocol/forks.md §2–§3, from the source's log and steps) ----
 
 type rfStep map[string]json.RawMessage
 
@@ -265,7 +265,7 @@ func rfCheckFork(t *testing.T, k *kt.Kernel, src string, s int64, exec map[strin
 		}
 	}
 
-	// Coverage: the fork's own answers against the oracle, and §5.3's
+	// Coverage: the fork's own answers against the oracle, and docs/protocol/forks.md §3's
 	// mapping: a copied position answers as the last source seq it stands
 	// for, and the rest of the creation transaction as s.
 	f.o, _ = rfCheckCoverage(t, k, f.id)

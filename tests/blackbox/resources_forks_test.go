@@ -15,7 +15,7 @@ import (
 
 // ---- forks ----
 
-// TestForkCopies: which steps a fork copies (§5.2), their ids and shared
+// TestForkCopies: which steps a fork copies (docs/protocol/forks.md §2), their ids and shared
 // bodies returned verbatim, the fork's first dispatch replaying them, and a
 // step that waited for approval asking again.
 func TestForkCopies(t *testing.T) {
@@ -150,7 +150,7 @@ func TestForkCopies(t *testing.T) {
 }
 
 // TestForkRetention: the source's retention keeps the fork's shared bodies
-// readable, and a fork of that fork survives both (§5.2, PROTOCOL §7.9).
+// readable, and a fork of that fork survives both (docs/protocol/forks.md §2, docs/protocol/executions.md §10).
 func TestForkRetention(t *testing.T) {
 	k, a := rfStartKernel(t, `"lease_timeout_seconds":86400`, "--retention", "1h", "--cleanup-interval", "1m",
 		"--dispatch-max-attempts", "1000")
@@ -210,7 +210,7 @@ func TestForkRetention(t *testing.T) {
 	}
 }
 
-// TestForkErrors: §5.5 and the Idempotency-Key of a fork.
+// TestForkErrors: docs/protocol/forks.md §5 and the Idempotency-Key of a fork.
 func TestForkErrors(t *testing.T) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Token: "tok-" + strings.Repeat("x", 20)})
 	a := rfNewAgent(t, k, "coder", "")
@@ -285,7 +285,7 @@ func TestForkErrors(t *testing.T) {
 }
 
 // TestForksList: direct forks only, newest first, paged like the execution
-// list (§5.3).
+// list (docs/protocol/forks.md §3).
 func TestForksList(t *testing.T) {
 	k, a := rfStartKernel(t, "")
 	other := rfNewAgent(t, k, "other", "")

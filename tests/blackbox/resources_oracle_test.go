@@ -10,7 +10,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// ---- the coverage oracle (§4.1, from the log alone) ----
+// ---- the coverage oracle (docs/protocol/resources.md §5.1, from the log alone) ----
 
 type rfRow struct {
 	covered, inv, gen int64
@@ -43,7 +43,7 @@ func rfStrings(v any) []string {
 	return out
 }
 
-// rfBuildOracle replays a log. Along the way it checks what §3.3 and §3.4
+// rfBuildOracle replays a log. Along the way it checks what docs/protocol/resources.md §3 and §4
 // say the log must look like: each step.executing raises exactly the
 // generations of the resources without coverage_reuse plus those a tool or
 // local step declares, by one (in a fork's copied events, to its source's
@@ -146,7 +146,7 @@ type rfPoint struct {
 	Seq     int64  // 0 with no checkpoint
 }
 
-// point applies §4.1 at s.
+// point applies docs/protocol/resources.md §5.1 at s.
 func (o *rfOracle) point(s int64) (bool, []rfPoint) {
 	all, out := true, []rfPoint{}
 	for _, r := range o.res {

@@ -23,7 +23,7 @@ func rfErr(t *testing.T, what string, r *kt.Response, status int, code, msg stri
 }
 
 // TestResourceRegister: new, identical, conflicting, the 32 limit and every
-// validation rule of §3.4.
+// validation rule of docs/protocol/resources.md §4.
 func TestResourceRegister(t *testing.T) {
 	k, a := rfStartKernel(t, "")
 	r := rfBegin(t, k, a, "1")
@@ -132,7 +132,7 @@ func TestResourceRegister(t *testing.T) {
 }
 
 // TestResourceBind: first bind, an equal retry, a different binding, and the
-// validation rules (§3.4).
+// validation rules (docs/protocol/resources.md §4).
 func TestResourceBind(t *testing.T) {
 	k, a := rfStartKernel(t, "")
 	r := rfBegin(t, k, a, "1")
@@ -166,11 +166,11 @@ func TestResourceBind(t *testing.T) {
 	r.bind("other", `"just-a-string"`)
 }
 
-// TestResourceRoutesFencing: the preconditions of §3.4 on register, bind and
+// TestResourceRoutesFencing: the preconditions of docs/protocol/resources.md §4 on register, bind and
 // publish, in order, and the dual coverage route's authorisation.
 func TestResourceRoutesFencing(t *testing.T) {
 	// With --require-v1-signatures (the default) both dispatch headers are required on
-	// the resource routes (§6).
+	// the resource routes (docs/protocol/sdk.md §5).
 	k, a := rfStartKernel(t, `"lease_timeout_seconds":31`)
 	other := rfNewAgent(t, k, "other", "")
 	r := rfBegin(t, k, a, "1")

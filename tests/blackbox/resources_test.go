@@ -1,13 +1,13 @@
 package blackbox
 
 // Black-box tests of resources, checkpoints, coverage and forks
-// (RESOURCES-AND-FORKS.md §3–§5; PROTOCOL.md §6 rows 32–37).
+// (docs/protocol/resources.md, docs/protocol/forks.md; docs/protocol/http.md §10 rows 32–37).
 //
-// Coverage is checked against an oracle written here from §4.1 alone: it
+// Coverage is checked against an oracle written here from docs/protocol/resources.md §5.1 alone: it
 // reads an execution's log back (resource.* payloads and the generations of
 // step.executing) and never the kernel's coverage answers. Every point
 // answer and every ranges answer the tests ask for is compared with it.
-// Forks are checked against a model of §5.2–5.3 computed from the source's
+// Forks are checked against a model of docs/protocol/forks.md §2–§3 computed from the source's
 // log and steps.
 
 import (
@@ -120,7 +120,7 @@ func (r *rfRun) callAs(l kt.Lease, method, suffix, body string) *kt.Response {
 
 func (r *rfRun) lastSeq() int64 { return int64(len(r.k.Events(r.id))) }
 
-// rfView is the resource view (§3.1).
+// rfView is the resource view (docs/protocol/resources.md §2).
 type rfView struct {
 	Key           string          `json:"key"`
 	DriverID      string          `json:"driver_id"`

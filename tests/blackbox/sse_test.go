@@ -1,7 +1,7 @@
 package blackbox
 
-// Black-box tests of the event log tail (§15) and the delta side channel
-// (§16).
+// Black-box tests of the event log tail (docs/protocol/events.md §4) and the delta side channel
+// (docs/protocol/events.md §5).
 
 import (
 	"bufio"
@@ -209,7 +209,7 @@ func cxSameEvent(t *testing.T, got cxRawEvent, want json.RawMessage) {
 }
 
 // TestSSEBacklogThenLive: the tail sends the backlog, then live events as
-// they commit, then the end frame once the execution is terminal (§15).
+// they commit, then the end frame once the execution is terminal (docs/protocol/events.md §4).
 func TestSSEBacklogThenLive(t *testing.T) {
 	e := cxStart(t, kt.Options{}, "")
 	s := e.proceed(e.lease, `{"kind":"tool_call","target":"first"}`)
@@ -275,7 +275,7 @@ func TestSSEBacklogThenLive(t *testing.T) {
 }
 
 // TestSSEResume: Last-Event-ID, else after_seq, picks the resume point; a
-// terminal execution resumed at its end answers 204 (§15).
+// terminal execution resumed at its end answers 204 (docs/protocol/events.md §4).
 func TestSSEResume(t *testing.T) {
 	e := cxStart(t, kt.Options{}, "")
 	s := e.proceed(e.lease, `{"kind":"tool_call","target":"x"}`)
@@ -452,7 +452,7 @@ func TestSSEReconnectLosesNothing(t *testing.T) {
 }
 
 // TestSSEEndOnCancel: the clean-up events of the terminal transaction come
-// before the end frame (§7.8, §15).
+// before the end frame (docs/protocol/executions.md §9, docs/protocol/events.md §4).
 func TestSSEEndOnCancel(t *testing.T) {
 	e := cxStart(t, kt.Options{}, "")
 	s1 := e.proceed(e.lease, `{"kind":"tool_call","target":"a"}`)
@@ -502,7 +502,7 @@ func TestStreamLimit(t *testing.T) {
 	}
 }
 
-// TestDeltaStream covers §16: consumers get the deltas posted while they are
+// TestDeltaStream covers docs/protocol/events.md §5: consumers get the deltas posted while they are
 // connected, as data-only frames, from current and superseded attempts, and
 // the stream ends when the execution does.
 func TestDeltaStream(t *testing.T) {

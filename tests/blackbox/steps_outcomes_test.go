@@ -15,7 +15,7 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// TestLocalSteps checks the local kind end to end (§12.5): its own identity,
+// TestLocalSteps checks the local kind end to end (docs/protocol/steps.md §9): its own identity,
 // policy answer without a bundle, replay, failure.
 func TestLocalSteps(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true}, "")
@@ -47,7 +47,7 @@ func TestLocalSteps(t *testing.T) {
 	}
 }
 
-// TestStepOutcomeRules covers §13: an outcome is recorded once, a terminal
+// TestStepOutcomeRules covers docs/protocol/steps.md §10: an outcome is recorded once, a terminal
 // step answers with its stored outcome whichever route is called, and a
 // terminal execution answers execution_terminal.
 func TestStepOutcomeRules(t *testing.T) {
@@ -140,8 +140,8 @@ func TestStepOutcomeRules(t *testing.T) {
 	}
 }
 
-// TestExecutionCompleteAndState checks the agent's complete (§7.4): output
-// verbatim, state kept for a continuation (§7.10), the clean-up of §7.8 with
+// TestExecutionCompleteAndState checks the agent's complete (docs/protocol/executions.md §5): output
+// verbatim, state kept for a continuation (docs/protocol/executions.md §11), the clean-up of docs/protocol/executions.md §9 with
 // cause execution_completed, and the sticky terminal status.
 func TestExecutionCompleteAndState(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true}, "")
@@ -183,7 +183,7 @@ func TestExecutionCompleteAndState(t *testing.T) {
 		t.Fatalf("succeeded step touched by clean-up: %v", st)
 	}
 
-	// A continuation reads the state (§7.10).
+	// A continuation reads the state (docs/protocol/executions.md §11).
 	r := e.k.Must(201, e.k.Do("POST", "/v0/executions", []byte(`{"agent_id":"agent-c","parent_execution_id":"`+e.id+`"}`), nil))
 	child := r.Map(t)["id"].(string)
 	e.nextWebhook(child, 1)
@@ -212,7 +212,7 @@ func TestExecutionCompleteAndState(t *testing.T) {
 	}
 }
 
-// TestExecutionFailReason checks the agent's fail (§7.5): the reason is cut
+// TestExecutionFailReason checks the agent's fail (docs/protocol/executions.md §6): the reason is cut
 // at 8,192 bytes on a UTF-8 boundary, an empty reason is omitted, and the
 // clean-up cause is execution_failed.
 func TestExecutionFailReason(t *testing.T) {
@@ -264,8 +264,8 @@ func TestExecutionFailReason(t *testing.T) {
 	}
 }
 
-// TestCancelCleanup checks the client cancel (§7.6) and the terminal
-// clean-up (§7.8): executing steps cancelled in recording order after the
+// TestCancelCleanup checks the client cancel (docs/protocol/executions.md §7) and the terminal
+// clean-up (docs/protocol/executions.md §9): executing steps cancelled in recording order after the
 // terminal event, in the same transaction, and no event ever after it.
 func TestCancelCleanup(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true}, "")
@@ -332,7 +332,7 @@ func TestCancelCleanup(t *testing.T) {
 		t.Fatalf("events after the terminal transaction: %v", got[n:])
 	}
 	cxExpectCode(t, e.k.Do("POST", "/v0/executions/018ff0a0-0000-7000-8000-000000000001/cancel", nil, nil), 404, "not_found")
-	// The terminal check comes before the dispatch header checks (§6).
+	// The terminal check comes before the dispatch header checks (docs/protocol/http.md §10).
 	stranger := kt.Lease{DispatchID: "018ff0a0-0000-7000-8000-0000000000ff", Attempt: 9, Occurrence: -1}
 	if _, r := e.submit(stranger, `{"kind":"tool_call","target":"s1"}`); !bytes.Contains(r.Body, []byte(`"execution_terminal"`)) {
 		t.Fatalf("submit naming an unknown dispatch on a terminal execution: %s", r.Body)
@@ -343,7 +343,7 @@ func TestCancelCleanup(t *testing.T) {
 	}
 }
 
-// TestDeadline checks §7.7 with the manual clock: cancelled with
+// TestDeadline checks docs/protocol/executions.md §8 with the manual clock: cancelled with
 // deadline_exceeded within 2 s of the deadline passing, not before it.
 func TestDeadline(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true, Args: []string{"--deadline-timeout", "1h"}}, `"lease_timeout_seconds":7200`)

@@ -1,7 +1,7 @@
 package blackbox
 
-// Black-box tests of step identity, occurrences, replay (§10–§13) and the
-// agent's execution outcomes (§7.4–§7.8), against the real binary.
+// Black-box tests of step identity, occurrences, replay (docs/protocol/steps.md, docs/protocol/identity.md) and the
+// agent's execution outcomes (docs/protocol/executions.md §5–§9), against the real binary.
 //
 // The helpers of this file (prefixed cx) are shared with dispatch_test.go,
 // sse_test.go and crash_test.go.
@@ -21,10 +21,10 @@ import (
 
 const (
 	cxAgentID = "agent-c"
-	// cxIndeterminate is the exact error of an at_most_once orphan (§12.3),
+	// cxIndeterminate is the exact error of an at_most_once orphan (docs/protocol/steps.md §7),
 	// keys in canonical order.
 	cxIndeterminate = `{"message":"outcome unknown: this may already have taken effect. Check the state before continuing.","reason":"indeterminate"}`
-	// cxRefused is the stored error of an indeterminate retry refusal (§12.4).
+	// cxRefused is the stored error of an indeterminate retry refusal (docs/protocol/steps.md §8).
 	cxRefused = `{"reason":"prior attempt outcome unknown; retry refused","rule_id":"__indeterminate_retry"}`
 	// cxQuiet is how long a negative check waits for something that must not
 	// happen (a webhook, a reclaim). The kernel's workers wake at once on a
@@ -230,7 +230,7 @@ func cxRawString(raw json.RawMessage) string {
 	return s
 }
 
-// cxStepID computes the step id the kernel must assign (§11), with the
+// cxStepID computes the step id the kernel must assign (docs/protocol/identity.md), with the
 // project's identity package.
 func cxStepID(t testing.TB, executionID, kind, target, args string, occurrence int64) string {
 	t.Helper()
@@ -264,7 +264,7 @@ func cxExpectCode(t testing.TB, r *kt.Response, status int, code string) {
 // ---------------------------------------------------------------------------
 
 // TestStepIdentityAndOccurrences checks that the kernel names steps exactly as
-// §11 says, counts identical calls of one attempt 0, 1, 2, and that a new
+// docs/protocol/identity.md says, counts identical calls of one attempt 0, 1, 2, and that a new
 // claim recomputes the same ids from 0.
 func TestStepIdentityAndOccurrences(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true}, "")
@@ -284,7 +284,7 @@ func TestStepIdentityAndOccurrences(t *testing.T) {
 		}
 		ids = append(ids, d.StepID)
 	}
-	// The published vector of §11.4 holds for this execution's steps.
+	// The published vector of docs/protocol/identity.md §5 holds for this execution's steps.
 	s0 := cxStep(t, e.k, e.id, ids[0])
 	cxSameRaw(t, "args_hash", s0["args_hash"], `"ef28a75876b54cb665beeb4cb10d72f463c59d196f5ee4a08e62ac67e7247639"`)
 	cxSameRaw(t, "occurrence", cxStep(t, e.k, e.id, ids[2])["occurrence"], `2`)
@@ -363,7 +363,7 @@ func TestStepIdentityAndOccurrences(t *testing.T) {
 	}
 }
 
-// TestStepOccurrenceHeader covers Rebuno-Step-Occurrence (§11.6): honoured,
+// TestStepOccurrenceHeader covers Rebuno-Step-Occurrence (docs/protocol/identity.md §7): honoured,
 // echoed, refused when ahead, and a same-attempt retry of an executing step
 // answered proceed with no write.
 func TestStepOccurrenceHeader(t *testing.T) {
@@ -430,7 +430,7 @@ func TestStepOccurrenceHeader(t *testing.T) {
 	}
 
 	// Without Rebuno-Dispatch-Attempt the same-attempt rule does not apply:
-	// an executing safe_to_retry step is an orphan re-run (§12.1).
+	// an executing safe_to_retry step is an orphan re-run (docs/protocol/steps.md §5).
 	noAttempt := cxWithOccurrence(e.lease, 1)
 	noAttempt.Attempt = 0
 	if d, r := e.submit(noAttempt, body); d.Decision != "proceed" || d.StepID != id1 {
@@ -444,8 +444,8 @@ func TestStepOccurrenceHeader(t *testing.T) {
 }
 
 // TestConcurrentIdenticalSubmits: identical calls sent at once in one
-// attempt get consecutive occurrences, each exactly once (§11.5), and racing
-// outcomes of one step are recorded once (§13).
+// attempt get consecutive occurrences, each exactly once (docs/protocol/identity.md §6), and racing
+// outcomes of one step are recorded once (docs/protocol/steps.md §10).
 func TestConcurrentIdenticalSubmits(t *testing.T) {
 	e := cxStart(t, kt.Options{}, "")
 	t.Cleanup(cxAgentClient.CloseIdleConnections)
@@ -534,8 +534,8 @@ func TestConcurrentIdenticalSubmits(t *testing.T) {
 	}
 }
 
-// TestReplayTable walks every row of §12.1 reachable without approvals, the
-// indeterminate outcome (§12.3) and the retry refusal (§12.4).
+// TestReplayTable walks every row of docs/protocol/steps.md §5 reachable without approvals, the
+// indeterminate outcome (docs/protocol/steps.md §7) and the retry refusal (docs/protocol/steps.md §8).
 func TestReplayTable(t *testing.T) {
 	e := cxStart(t, kt.Options{ManualClock: true}, "")
 	l1 := e.lease
@@ -645,7 +645,7 @@ func TestReplayTable(t *testing.T) {
 	cxSameRaw(t, "indeterminate error (request)", d.Error, cxIndeterminate)
 	n++
 
-	// §12.4: a new at_most_once call with the identity of an indeterminate
+	// docs/protocol/steps.md §8: a new at_most_once call with the identity of an indeterminate
 	// step is refused without running.
 	refusedID := cxStepID(t, e.id, "tool_call", "d", `{"n":1}`, 1)
 	d, r = e.submit(l2, bodyD)

@@ -53,7 +53,7 @@ func checkCases(t *testing.T, cases []errCase) {
 	}
 }
 
-// TestErrorMessagesAndExitCodes covers every error class of §26.2 with a
+// TestErrorMessagesAndExitCodes covers every error class of docs/protocol/configuration.md §6.2 with a
 // message a person can act on: 1 kernel error (`error: <code>: <message>`
 // plus a hint), 2 usage, 3 unreachable.
 func TestErrorMessagesAndExitCodes(t *testing.T) {

@@ -199,7 +199,7 @@ func newestExecution(t *testing.T, base string) string {
 func TestREPL(t *testing.T) {
 	home := t.TempDir()
 	// One delivery attempt: the REPL's executions must be dispatched with the
-	// kernel's configured --dispatch-max-attempts (§27).
+	// kernel's configured --dispatch-max-attempts (docs/protocol/configuration.md §7).
 	tm, base := startREPL(t, home, "--dispatch-max-attempts", "1")
 
 	// An agent whose webhook refuses connections: its executions fail after

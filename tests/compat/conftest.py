@@ -71,7 +71,7 @@ def start_kernel(kernel_binary: str, tmp_path: Path, request: pytest.FixtureRequ
 
 @pytest.fixture
 def kernel(start_kernel: Callable[..., Kernel], request: pytest.FixtureRequest) -> Kernel:
-    """A kernel with the manual test clock (§24.4); extra flags come from the
+    """A kernel with the manual test clock (docs/protocol/configuration.md §4); extra flags come from the
     test's ``@pytest.mark.kernel_args(...)``."""
     marker = request.node.get_closest_marker("kernel_args")
     return start_kernel(args=list(marker.args) if marker else None)

@@ -1,4 +1,4 @@
-"""An independent coverage oracle (RESOURCES-AND-FORKS.md §4.1), computed only
+"""An independent coverage oracle (docs/protocol/resources.md §5.1), computed only
 from an execution's events as ``GET …/events`` returns them.
 
 It never asks the kernel about coverage: the ``resource.*`` payloads carry every
@@ -103,7 +103,7 @@ class Oracle:
         raise KeyError(key)
 
     def ends(self, start: Start, key: str) -> bool:
-        """Whether a live start ends the coverage of ``key`` (§4.1 step 2)."""
+        """Whether a live start ends the coverage of ``key`` (docs/protocol/resources.md §5.1 step 2)."""
         if not self.registration(key).coverage_reuse:
             return True
         return start.step_type in AFFECTING and key in start.declared
@@ -215,7 +215,7 @@ def _runs(points: list[int]) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------
-# What a fork copies, from the source's events alone (§5.2, §5.3)
+# What a fork copies, from the source's events alone (docs/protocol/forks.md §2, §3)
 # ---------------------------------------------------------------------------
 
 

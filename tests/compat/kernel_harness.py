@@ -163,7 +163,7 @@ class Kernel:
         return r.json()
 
     def advance(self, seconds: float) -> str:
-        """Moves the manual test clock (§24.4) and returns the kernel's new now."""
+        """Moves the manual test clock (docs/protocol/configuration.md §4) and returns the kernel's new now."""
         r = self.request("POST", "/v0/test/clock", json={"advance": f"{seconds}s"})
         assert r.status_code == 200, f"advance clock: {r.status_code} {r.text}"
         return r.json()["now"]
@@ -421,7 +421,7 @@ class AgentProcess:
 
 
 # ---------------------------------------------------------------------------
-# Step identity (§11), for asserting that the ids the kernel gave are bit-exact
+# Step identity (docs/protocol/identity.md), for asserting that the ids the kernel gave are bit-exact
 # ---------------------------------------------------------------------------
 
 
@@ -454,7 +454,7 @@ def _canonical_string(s: str) -> str:
 
 
 def canonical(value: Any) -> bytes:
-    """Canonical JSON of §11.2 for values without floats (whose literal text a
+    """Canonical JSON of docs/protocol/identity.md §2 for values without floats (whose literal text a
     decoded Python value no longer has)."""
 
     def enc(v: Any) -> str:
@@ -496,7 +496,7 @@ def step_id(execution_id: str, kind: str, target: str, args: Any, occurrence: in
 def parse_with_models(kernel: Kernel, eid: str) -> None:
     """Validates the kernel's raw JSON for an execution, its events and its steps
     with the published client's pydantic models, which refuse ``null`` for their
-    string, integer and list fields (§30.1 item 4)."""
+    string, integer and list fields (docs/protocol/conformance.md §2.1 item 4)."""
     from rebuno.types import Event, Execution, Step
 
     Execution.model_validate(kernel.execution(eid))

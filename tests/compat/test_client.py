@@ -1,8 +1,8 @@
 """(e) The published client's bearer ``Client`` against the kernel: create (with
 ``input``), get, events (``after_seq``/``limit``), list and get steps, cancel, and
-the error codes it branches on (§30.1 item 5). Every answer is
+the error codes it branches on (docs/protocol/conformance.md §2.1 item 5). Every answer is
 parsed by the client's own pydantic models, which refuse ``null`` where they expect
-a string, integer or list (§30.1 item 4), so a parse failure fails the test."""
+a string, integer or list (docs/protocol/conformance.md §2.1 item 4), so a parse failure fails the test."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def _wait(client: Client, eid: str, *statuses: str, timeout: float = 30.0)
 async def test_client_reads_a_finished_run(kernel, spawn_agent):
     spawn_agent("first_run.py", AGENT)
     # The kernel runs without a bearer token: whatever api_key the client sends
-    # is ignored (§4.2).
+    # is ignored (docs/protocol/auth.md §2).
     async with Client(base_url=kernel.url, api_key="any-token-is-ignored") as client:
         created = await client.create(AGENT, {"topic": "client"}, on_behalf_of="alice@example.com")
         assert isinstance(created, Execution)
@@ -85,7 +85,7 @@ async def test_client_reads_a_finished_run(kernel, spawn_agent):
         assert one.idempotency == "at_most_once" and one.result["to"] == "ops@example.com"
         assert one.args == {"to": "ops@example.com", "subject": "T-0042: client #1"}
 
-        # Create idempotency (§7.1): the same key and body answer the first execution.
+        # Create idempotency (docs/protocol/executions.md §2): the same key and body answer the first execution.
         a = await client.create(AGENT, {"topic": "again"}, idempotency_key="compat-key-1")
         b = await client.create(AGENT, {"topic": "again"}, idempotency_key="compat-key-1")
         assert a.id == b.id and a.idempotency_key == "compat-key-1"
@@ -99,7 +99,7 @@ async def test_client_reads_a_finished_run(kernel, spawn_agent):
         with pytest.raises(NotFoundError):
             await client.create("no-such-agent", {})
         with pytest.raises(ValidationError):
-            # Sessions are not offered by this kernel (§30.2).
+            # Sessions are not offered by this kernel (docs/protocol/conformance.md §2.2).
             await client.create(AGENT, {"topic": "x"}, session="s-1")
         with pytest.raises(ValidationError):
             await client.get("not-a-uuid")

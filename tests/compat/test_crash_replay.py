@@ -1,7 +1,7 @@
 """(c) kill -9 of the agent process in the middle of a run. The restarted process
-gets the redelivery after the lease is reclaimed (manual clock, §9.4); every step
+gets the redelivery after the lease is reclaimed (manual clock, docs/protocol/dispatch.md §10); every step
 recorded before the kill replays, so no body runs again and the LLM provider is
-not called again (§12.1); the execution completes."""
+not called again (docs/protocol/steps.md §5); the execution completes."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_kill_agent_mid_run_then_replay(kernel, spawn_agent, records, gates, llm
     for_last = [e for e in events if e["type"].startswith("step.") and e["payload"]["step_id"] == last["step_id"]]
 
     if mode == "slow":
-        # A safe-to-retry orphan runs again, once, in the new attempt (§12.1).
+        # A safe-to-retry orphan runs again, once, in the new attempt (docs/protocol/steps.md §5).
         runs = records.of("tool:slow")
         assert [r["attempt"] for r in runs] == [1, 2]
         assert out["doubled"] == 34

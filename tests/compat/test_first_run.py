@@ -1,6 +1,6 @@
 """(a) A first run of the published client: decorated tools (one default, one
 at-most-once) and a local step; the execution completes with the handler's output,
-and the steps and the event log are those of PROTOCOL.md §10.4, §14.3."""
+and the steps and the event log are those of docs/protocol/steps.md §4, docs/protocol/events.md §3."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_first_run(kernel, spawn_agent, records):
         assert s["resources"] == []
         assert "error" not in s
         assert s.get("started_at") and s.get("completed_at")
-        # Step identity is bit-exact with §11: the kernel names the step the
+        # Step identity is bit-exact with docs/protocol/identity.md: the kernel names the step the
         # client's args hash to.
         assert s["step_id"] == step_id(eid, kind, target, args), s
 
@@ -88,7 +88,7 @@ def test_first_run(kernel, spawn_agent, records):
 
     parse_with_models(kernel, eid)
 
-    # The client published its metadata at start-up (PUT …/metadata, §21.4).
+    # The client published its metadata at start-up (PUT …/metadata, docs/protocol/governance.md §4.4).
     def metadata():
         agent = kernel.get_json(f"/v0/agents/{AGENT}")
         return agent if "description" in agent else None

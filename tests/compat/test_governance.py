@@ -1,4 +1,4 @@
-"""(f) Governance with the published client, unchanged (PROTOCOL.md §30.1): a tool
+"""(f) Governance with the published client, unchanged (docs/protocol/conformance.md §2.1): a tool
 held for approval (the handler unwinds as blocked; a grant re-dispatches and the
 tool body runs exactly once), an approval denied by a human, a policy denial (the
 decorated tool hands the refusal string back to the handler), LLM calls refused

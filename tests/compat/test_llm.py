@@ -1,6 +1,6 @@
 """(b) An LLM call through the published client's http_client() transport, with
 the official openai AsyncOpenAI client against the scripted server, plain and
-streamed: each is one llm_call step whose target is the model (§10.1), recorded
+streamed: each is one llm_call step whose target is the model (docs/protocol/steps.md §1), recorded
 with the provider's answer, and the handler gets the right text."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_llm_plain_and_streamed(kernel, spawn_agent, records, llm):
     assert types.count("step.succeeded") == 2
     assert types[-1] == "execution.completed"
 
-    # The streamed call posted live deltas on the side channel (§16), which the
+    # The streamed call posted live deltas on the side channel (docs/protocol/events.md §5), which the
     # kernel accepted with 204.
     accepted = kernel.metric(
         "rebuno_http_requests_total",

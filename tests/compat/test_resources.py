@@ -1,5 +1,5 @@
 """Issue 11 item 6: resources, checkpoints and forks with the published client, unchanged
-(RESOURCES-AND-FORKS.md §8 scenario 14; PROTOCOL.md §30.1 items 4 and 6).
+(docs/protocol/conformance.md §3 scenario 14; docs/protocol/conformance.md §2.1 items 4 and 6).
 
 The agent (agents/workspace_agent.py) is a framework-free tool loop over the chat
 completions wire through ``rebuno.http_client()``, with ``write_file`` (declares
@@ -169,8 +169,8 @@ def check_fork(
     s: int,
 ) -> ForkMap:
     """The fork's Execution, restoration and log against the source's oracle
-    (§5.2, §5.3), and its coverage at every position of its creation transaction
-    against the source's (§5.3: a copied position answers as the last source seq
+    (docs/protocol/forks.md §2, §3), and its coverage at every position of its creation transaction
+    against the source's (docs/protocol/forks.md §3: a copied position answers as the last source seq
     mapping to it does; later ones as the source at s does)."""
     fid = fork["id"]
     assert fork["forked_from"] == source_id and fork["fork_seq"] == s

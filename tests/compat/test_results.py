@@ -1,7 +1,7 @@
 """(f) How executions end with the published client: ``Result(output=..., state=...)``
-completes with the output and stores the state for a continuation (§7.4, §7.10);
+completes with the output and stores the state for a continuation (docs/protocol/executions.md §5, §11);
 handler and tool failures fail the execution with the client's failure reasons
-(§8.9: ``agent_error: <Class>: <message>``, ``tool_error: <tool>: <message>``)."""
+(docs/protocol/sdk.md §3: ``agent_error: <Class>: <message>``, ``tool_error: <tool>: <message>``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ async def test_result_state_and_previous(kernel, spawn_agent, records):
         done = kernel.wait_status(parent.id)
         assert done["status"] == "completed", done
         assert done["output"] == {"answer": 42, "payload": {"k": [1, 2]}}
-        assert "state" not in done  # stored with the output, not shown (§7.4)
+        assert "state" not in done  # stored with the output, not shown (docs/protocol/executions.md §5)
         completed = kernel.events(parent.id)[-1]
         assert completed["type"] == "execution.completed"
         assert completed["payload"]["output"] == done["output"]

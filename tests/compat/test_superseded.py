@@ -1,4 +1,4 @@
-"""(d) A reclaimed lease whose old attempt is refused (§9.4, §9.5): the old
+"""(d) A reclaimed lease whose old attempt is refused (docs/protocol/dispatch.md §10, §11): the old
 attempt's requests get ``409 lease_superseded``, which the published client takes as
 its stop signal; the new attempt completes the execution; no tool body runs twice."""
 
@@ -80,7 +80,7 @@ def test_old_attempt_heartbeat_is_refused(kernel, spawn_agent, records, gates):
     before = kernel.metric(SUPERSEDED)
 
     # The old process keeps heartbeating; one may renew the lease between the
-    # advance and the reclaim (due within 1 s, §9.4), so advance again until the
+    # advance and the reclaim (due within 1 s, docs/protocol/dispatch.md §10), so advance again until the
     # lease has lapsed.
     def lapsed():
         kernel.advance(4)
@@ -101,7 +101,7 @@ def test_old_attempt_heartbeat_is_refused(kernel, spawn_agent, records, gates):
         where=lambda lb: lb.get("route", "").endswith("/heartbeat") and lb.get("status") == "409",
     )
     assert refused >= 1
-    # The client's heartbeats are body-less POSTs (§9.3); those of the current
+    # The client's heartbeats are body-less POSTs (docs/protocol/dispatch.md §9); those of the current
     # attempt, waiting at its gate, are accepted.
     wait_until(
         lambda: kernel.metric(

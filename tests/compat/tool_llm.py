@@ -1,5 +1,5 @@
 """A scripted OpenAI-compatible server whose answer is a function of the request
-alone (RESOURCES-AND-FORKS.md §8, fixture): it counts the ``tool`` messages in the
+alone (docs/protocol/conformance.md §3, fixture): it counts the ``tool`` messages in the
 conversation and answers script entry N, a tool call or a final text. A fork's
 live LLM calls therefore get the same answers as its source's did at the same
 turn, whichever turn the fork starts at. Non-streaming only; standard library

@@ -67,7 +67,7 @@ def kernel_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def kernel(kernel_binary: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A kernel with the manual test clock (§24.4) on a fresh database."""
+    """A kernel with the manual test clock (docs/protocol/configuration.md §4) on a fresh database."""
     k = Kernel(kernel_binary, tmp_path / "rebuno.db", manual_clock=True).start()
     yield k
     k.close()

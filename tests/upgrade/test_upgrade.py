@@ -8,7 +8,7 @@ same handler) starts on the same port. The lease lapses (manual clock), the
 kernel redelivers, and every step the published client recorded must replay
 under the new SDK: no body runs again, the LLM server is not asked again, no new
 step is proposed, and the execution completes. That is what proves step
-identity (PROTOCOL §11) and the recorded shapes compatible across the SDKs.
+identity (docs/protocol/identity.md) and the recorded shapes compatible across the SDKs.
 
 ``test_both_sdks_submit_the_same_identities`` compares the two SDKs' wire
 directly: the same handler run to completion by each, step by step.

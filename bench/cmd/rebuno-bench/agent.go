@@ -194,7 +194,7 @@ type webhook struct {
 func (w webhook) lease() lease { return lease{DispatchID: w.DispatchID, Attempt: w.Attempt} }
 
 // receiver is the agent's webhook endpoint. It checks each delivery's
-// signature as an agent must (§8.7), answers 200 at once, and hands the
+// signature as an agent must (docs/protocol/sdk.md §1), answers 200 at once, and hands the
 // delivery to whoever waits for that execution.
 type receiver struct {
 	secret []byte

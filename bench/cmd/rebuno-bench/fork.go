@@ -1,7 +1,7 @@
 package main
 
-// FORK: the fork target of RESOURCES-AND-FORKS §5.6 and the coverage query
-// targets of §4.2, measured over HTTP against the real kernel. The source
+// FORK: the fork target of docs/protocol/forks.md §6 and the coverage query
+// targets of docs/protocol/resources.md §5.2, measured over HTTP against the real kernel. The source
 // executions are written through the store while the kernel is stopped, as
 // P4 writes its long history.
 
@@ -214,7 +214,7 @@ func forkLadder(n int) []int {
 	return append(out, n)
 }
 
-// forkStepsPerCheckpoint is the sources' checkpoint cadence: the §5.6 source
+// forkStepsPerCheckpoint is the sources' checkpoint cadence: the docs/protocol/forks.md §6 source
 // (10,000 steps, 100 checkpoints) has one every 100 steps, and every rung of
 // the ladder is built the same way (every_steps 100).
 const forkStepsPerCheckpoint = 100
@@ -236,7 +236,7 @@ func perThousandSteps(shortSteps int, short time.Duration, longSteps int, long t
 }
 
 func (b *bench) runFORK(ctx context.Context) *metricResult {
-	m := newMetric("FORK", "fork cost and coverage queries (RESOURCES-AND-FORKS §5.6, §4.2)")
+	m := newMetric("FORK", "fork cost and coverage queries (docs/protocol/forks.md §6, docs/protocol/resources.md §5.2)")
 	m.Conditions = b.conditions("1 (one request at a time; each fork's first delivery is awaited before the next sample)")
 	n, samples := b.cfg.ForkSteps, b.cfg.ForkSamples
 	k, c, err := b.freshKernel("fork")
@@ -375,10 +375,10 @@ func (b *bench) runFORK(ctx context.Context) *metricResult {
 	}
 	p4, p64 := percentile(long4.times, 0.95), percentile(long64.times, 0.95)
 	if len(long4.times) > 0 {
-		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), §5.6", n), "< 500 ms", ms(p4), p4 < 500*time.Millisecond)
+		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), docs/protocol/forks.md §6", n), "< 500 ms", ms(p4), p4 < 500*time.Millisecond)
 		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), aim", n), "< 100 ms", ms(p4), p4 < 100*time.Millisecond)
 	} else {
-		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), §5.6", n), "< 500 ms", "no samples", false)
+		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), docs/protocol/forks.md §6", n), "< 500 ms", "no samples", false)
 		m.addTarget(fmt.Sprintf("fork p95, %d steps (4 KiB), aim", n), "< 100 ms", "no samples", false)
 	}
 	if len(long4.times) > 0 && len(long64.times) > 0 && p4 > 0 {
@@ -393,9 +393,9 @@ func (b *bench) runFORK(ctx context.Context) *metricResult {
 	m.addTarget("coverage ranges p95", "< 50 ms", ms(p95r), pr.N > 0 && p95r < 50*time.Millisecond)
 	m.note("each fork is POST /v0/executions/{id}/fork at the source's last event (covered, so every step and checkpoint is copied), timed at the client; its first delivery is awaited before the next; the samples go round the sources")
 	m.note("the sources (steps with their four events each, one resource, a checkpoint every %d steps) were written with internal/store/sqlite while the kernel was stopped", forkStepsPerCheckpoint)
-	m.note("the §5.6 target (< 500 ms) and the aim (< 100 ms) are stated for 10,000 steps; the shorter histories are reported without targets")
+	m.note("the docs/protocol/forks.md §6 target (< 500 ms) and the aim (< 100 ms) are stated for 10,000 steps; the shorter histories are reported without targets")
 	if n != 10000 {
-		m.note("-fork-steps is %d: the §5.6 target is stated for 10,000 steps", n)
+		m.note("-fork-steps is %d: the docs/protocol/forks.md §6 target is stated for 10,000 steps", n)
 	}
 	return m
 }

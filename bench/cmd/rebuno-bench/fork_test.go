@@ -79,7 +79,7 @@ func TestForkMetricSmoke(t *testing.T) {
 			t.Errorf("no value %q in %+v", want, m.Values)
 		}
 	}
-	wantTargets := []string{"fork p95, 300 steps (4 KiB), §5.6", "fork p95, 300 steps (4 KiB), aim", "fork p95 64 KiB / 4 KiB",
+	wantTargets := []string{"fork p95, 300 steps (4 KiB), docs/protocol/forks.md §6", "fork p95, 300 steps (4 KiB), aim", "fork p95 64 KiB / 4 KiB",
 		"coverage point p95", "coverage ranges p95"}
 	for i, tg := range m.Targets {
 		if tg.Name != wantTargets[i] || strings.Contains(tg.Actual, "no samples") {

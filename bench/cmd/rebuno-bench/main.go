@@ -1,4 +1,4 @@
-// Command rebuno-bench is the benchmark harness of PROTOCOL §29. It starts
+// Command rebuno-bench is the benchmark harness of docs/protocol/conformance.md §4. It starts
 // the kernel binary on a fresh SQLite file pinned to one core, drives it over
 // HTTP loopback from this process (pinned to the other core) as a client and
 // as an agent with a real webhook receiver, and reports P1–P5 with the
@@ -76,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.TmpDir, "tmpdir", "", "parent folder of the bench's temporary folder (the disk under test); default $TMPDIR")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the databases")
 	fs.BoolVar(&c.NoPin, "no-pin", false, "do not pin the kernel and the load generator to cores")
-	fs.IntVar(&c.GOMAXPROCS, "kernel-gomaxprocs", 1, "GOMAXPROCS of the kernel (§29 conditions: 1; other values are for diagnosis only)")
+	fs.IntVar(&c.GOMAXPROCS, "kernel-gomaxprocs", 1, "GOMAXPROCS of the kernel (docs/protocol/conformance.md §4 conditions: 1; other values are for diagnosis only)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -164,7 +164,7 @@ func (b *bench) runP5(ctx context.Context) *metricResult {
 	name := fmt.Sprintf("RSS %s / %s", short(large), short(base))
 	want := "≤ 1.2×"
 	if !b.cfg.Long || large < 1000000 {
-		m.note("§29 sets the 1.2× target on 1,000,000 vs 10,000 executions (make bench-long); this run reports %d vs %d and the slope", large, base)
+		m.note("docs/protocol/conformance.md §4 sets the 1.2× target on 1,000,000 vs 10,000 executions (make bench-long); this run reports %d vs %d and the slope", large, base)
 	}
 	m.addTarget(name, want, fmt.Sprintf("%.2f×", ratio), ratio <= 1.2)
 	m.note("RSS at a mark is the median of 100 ms samples of VmRSS taken while the last tenth of the executions before it completed, under the same load")

@@ -17,7 +17,7 @@ import (
 )
 
 // pinning records how the kernel and the load generator were placed on cores
-// (PROTOCOL §29: kernel on core 0 with GOMAXPROCS=1, load generator on core 1).
+// (docs/protocol/conformance.md §4: kernel on core 0 with GOMAXPROCS=1, load generator on core 1).
 type pinning struct {
 	KernelCPU  int    // -1 when the kernel is not pinned
 	GOMAXPROCS int    // the kernel's

@@ -176,7 +176,7 @@ func (b *bench) runP4(ctx context.Context) *metricResult {
 	} else {
 		m.addTarget("p50 100k / 10", "≤ 1.5×", "no samples", false)
 	}
-	m.note("each replay sends Rebuno-Step-Occurrence (a random recorded occurrence) and is verified: decision replay, the step id of §11.3, the recorded result")
+	m.note("each replay sends Rebuno-Step-Occurrence (a random recorded occurrence) and is verified: decision replay, the step id of docs/protocol/identity.md §4, the recorded result")
 	m.note("the long history (steps + their events) was written with internal/store/sqlite while the kernel was stopped, with its dispatch in flight at attempt 2 and that attempt's occurrence counter at the last step")
 	return m
 }

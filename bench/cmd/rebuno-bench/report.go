@@ -38,7 +38,7 @@ type Report struct {
 	Metrics       []*metricResult `json:"metrics"`
 }
 
-// metricResult is one metric of §29.
+// metricResult is one metric of docs/protocol/conformance.md §4.
 type metricResult struct {
 	ID         string    `json:"id"`
 	Title      string    `json:"title"`
@@ -296,7 +296,7 @@ func metOrMissed(t target) string {
 
 // printHeader prints the conditions every metric shares.
 func printHeader(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "rebuno-bench — PROTOCOL §29 performance run, %s\n", r.Date)
+	fmt.Fprintf(w, "rebuno-bench — docs/protocol/conformance.md §4 performance run, %s\n", r.Date)
 	fmt.Fprintf(w, "  machine:        %s, %s, %d CPUs, Linux %s\n", r.Host, r.CPUModel, r.CPUs, r.OSRelease)
 	fmt.Fprintf(w, "  kernel:         %s (%s)\n", r.KernelVersion, r.KernelBinary)
 	fmt.Fprintf(w, "  store:          %s\n", r.Store)

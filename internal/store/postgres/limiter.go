@@ -13,7 +13,7 @@ import (
 	"github.com/rebuno/rebuno/internal/store"
 )
 
-// Limiter keeps the rate-limit buckets of docs/protocol §20 in the shared
+// Limiter keeps the rate-limit buckets of docs/protocol docs/protocol/governance.md §3 in the shared
 // rate_buckets table, so that every replica draws on one budget. Each check
 // is one statement that refills the bucket, takes a token when there is one
 // and says whether it did, atomically under the row's lock; a check that

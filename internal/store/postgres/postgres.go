@@ -238,7 +238,7 @@ func lockID(name string) int64 {
 }
 
 // Update implements store.Store: one transaction on one connection, which
-// first locks lockExecutionID's row (§23.2). Postgres groups the WAL flushes
+// first locks lockExecutionID's row (docs/protocol/operations.md §2.2). Postgres groups the WAL flushes
 // of concurrent commits by itself.
 func (s *Store) Update(ctx context.Context, lockExecutionID string, fn func(ctx context.Context, tx store.Tx) error) error {
 	return s.update(ctx, lockExecutionID, false, fn)

@@ -246,7 +246,7 @@ INSERT INTO event_runs_by_key SELECT execution_id, last_seq, first_seq, events F
 DROP TABLE event_runs;
 ALTER TABLE event_runs_by_key RENAME TO event_runs;
 `,
-	// The executing steps a capture checks for writers (§3.3) are tool and
+	// The executing steps a capture checks for writers (docs/protocol/resources.md §3) are tool and
 	// local steps only; leaving LLM calls out of the index spares each of
 	// them the two pages its entry would cost.
 	`

@@ -221,7 +221,7 @@ func Open(opt Options) (*Store, error) {
 }
 
 // prepareFile creates the folder (0700) and the file (0600) before SQLite
-// does, because agent secrets are stored in it (§24.3).
+// does, because agent secrets are stored in it (docs/protocol/configuration.md §3).
 func prepareFile(path string, log *slog.Logger) error {
 	dir := filepath.Dir(path)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {

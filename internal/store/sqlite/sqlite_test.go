@@ -157,7 +157,7 @@ func TestFileModes(t *testing.T) {
 			t.Errorf("folder %s: mode %v, want 0700", dir, got)
 		}
 	}
-	// The database and its journal files hold agent secrets (§24.2).
+	// The database and its journal files hold agent secrets (docs/protocol/configuration.md §2).
 	for _, f := range []string{path, path + "-wal", path + "-shm"} {
 		if got := mode(t, f); got != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", filepath.Base(f), got)

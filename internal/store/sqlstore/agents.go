@@ -50,7 +50,7 @@ func (q *Queries) AgentHasLiveExecutions(ctx context.Context, agentID string) (b
 }
 
 // UpsertAgent creates the agent or updates its webhook URL, secret and lease
-// timeout, keeping the policy, metadata and registration time (§21.1). The
+// timeout, keeping the policy, metadata and registration time (docs/protocol/governance.md §4.1). The
 // policy bundle of a is written only on insert.
 func (t *Tx) UpsertAgent(ctx context.Context, a *store.Agent) error {
 	return t.exec(ctx, `INSERT INTO agents (`+agentCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)

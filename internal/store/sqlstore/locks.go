@@ -14,7 +14,7 @@ import (
 // lock clauses and these cost nothing.
 
 // LockExecution takes the lock that serialises operations on an execution
-// (§23.2): a row lock on it, held until the transaction ends. With
+// (docs/protocol/operations.md §2.2): a row lock on it, held until the transaction ends. With
 // skipLocked it does not wait: it returns store.ErrLocked when another
 // transaction holds the lock. An execution that does not exist is not an
 // error here; the operation finds that out itself.

@@ -53,7 +53,7 @@ type Dialect interface {
 }
 
 // RowLock is how strongly a read in a write transaction locks its rows,
-// where writers run side by side (Postgres): §23.2 serialises operations on
+// where writers run side by side (Postgres): docs/protocol/operations.md §2.2 serialises operations on
 // an execution with a row lock inside the operation's own transaction.
 type RowLock int
 

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The token bucket of docs/protocol §20, as every limiter must keep it: the
+// The token bucket of docs/protocol docs/protocol/governance.md §3, as every limiter must keep it: the
 // kernel's in-memory one and those that keep buckets in a store.
 
 type limiterScenario struct {

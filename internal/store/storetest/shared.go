@@ -168,7 +168,7 @@ func testSharedTryUpdate(t *testing.T, sb SharedBackend) {
 }
 
 // Read-modify-write transactions on one execution from both processes at
-// once lose nothing (§23.2).
+// once lose nothing (docs/protocol/operations.md §2.2).
 func testSharedSerialised(t *testing.T, sb SharedBackend) {
 	a, b := sb.Open(t)
 	const n = 60

@@ -1,5 +1,5 @@
 // Package storetest is the contract every store.Store backend must pass
-// unchanged (PROTOCOL §23.1). A backend's own test calls Run with a function
+// unchanged (docs/protocol/operations.md §2.1). A backend's own test calls Run with a function
 // that opens a fresh, empty store, and RunDurability when its stores can be
 // closed and opened again on the same data.
 //

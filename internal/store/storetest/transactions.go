@@ -330,7 +330,7 @@ func testConcurrentUpdates(t *testing.T, s store.Store) {
 }
 
 // testSerialisedPerExecution runs read-modify-write transactions on one
-// execution at once: none may see a stale row (§23.2).
+// execution at once: none may see a stale row (docs/protocol/operations.md §2.2).
 func testSerialisedPerExecution(t *testing.T, s store.Store) {
 	const n = 100
 	ctx := t.Context()

@@ -20,7 +20,7 @@ their difference (the capture overhead per step), the time of the capture
 itself (`LocalDirectory.checkpoint`, timed around the SDK's call of it), the
 baseline capture of the freshly seeded workspace, and the time to restore the
 last checkpoint (`LocalDirectory.create(ref)`), with the targets of
-RESOURCES-AND-FORKS §6 (capture of a 1,000-file workspace with one changed
+docs/protocol/sdk.md §5 (capture of a 1,000-file workspace with one changed
 file ≤ 15 ms, restore ≤ 50 ms).
 
 Each restore is followed by the filesystem's floor for the same tree: its
@@ -57,7 +57,7 @@ from tests.e2e.harness import KernelProcess, Served, register  # noqa: E402
 
 SECRET = "bench-secret-0123456789"
 KEY = "workspace"
-CAPTURE_TARGET_MS = 15.0  # RESOURCES-AND-FORKS §6
+CAPTURE_TARGET_MS = 15.0  # docs/protocol/sdk.md §5
 RESTORE_TARGET_MS = 50.0
 
 
@@ -276,10 +276,10 @@ def main() -> None:
               f"max {r['restore_max_ms']:7.3f} ms   ({', '.join(f'{t:.1f}' for t in r['restore_ms'])})")
         print(f"  the disk's floor: the same files from memory + syncfs      p50 {r['floor_p50_ms']:7.3f} ms   "
               f"max {r['floor_max_ms']:7.3f} ms   ({', '.join(f'{t:.1f}' for t in r['floor_ms'])})")
-    print(f"  target: capture ≤ {CAPTURE_TARGET_MS:g} ms (§6)   p99 {r['capture_p99_ms']:.3f} ms   "
+    print(f"  target: capture ≤ {CAPTURE_TARGET_MS:g} ms (docs/protocol/sdk.md §5)   p99 {r['capture_p99_ms']:.3f} ms   "
           f"{met(r['capture_p99_ms'] <= CAPTURE_TARGET_MS)}")
     if "restore_p50_ms" in r:
-        print(f"  target: restore ≤ {RESTORE_TARGET_MS:g} ms (§6)   max {r['restore_max_ms']:.3f} ms   "
+        print(f"  target: restore ≤ {RESTORE_TARGET_MS:g} ms (docs/protocol/sdk.md §5)   max {r['restore_max_ms']:.3f} ms   "
               f"{met(r['restore_max_ms'] <= RESTORE_TARGET_MS)}")
 
 

@@ -64,7 +64,7 @@ Responder = Callable[["FakeKernel", Recorded], "httpx2.Response | dict[str, Any]
 @dataclass
 class FakeKernel:
     """Enough of the kernel for the SDK's unit tests. It checks every v1
-    signature, assigns step ids as the real kernel does (§11), replays
+    signature, assigns step ids as the real kernel does (docs/protocol/identity.md), replays
     recorded steps and keeps every request for assertions. `on_submit`,
     `before` and `fail` hooks script the other answers."""
 

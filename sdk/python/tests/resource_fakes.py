@@ -1,6 +1,6 @@
 """Test doubles for the resource unit tests: `ResourceKernel`, the in-memory
 kernel of `fakes.py` plus the resource routes and the kernel's counting rules
-(RESOURCES-AND-FORKS.md §3.3, §3.4), and `FakeDriver`, a driver that records
+(docs/protocol/resources.md §3, §4), and `FakeDriver`, a driver that records
 every call."""
 
 from __future__ import annotations

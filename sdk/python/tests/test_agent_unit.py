@@ -426,7 +426,7 @@ async def test_lost_submit_is_resent_with_the_same_occurrence(kernel: FakeKernel
 
 
 async def test_lost_submit_abandons_when_occurrences_are_not_honoured(kernel: FakeKernel) -> None:
-    kernel.echo_occurrence = False  # a kernel that ignores Rebuno-Step-Occurrence (§30.4)
+    kernel.echo_occurrence = False  # a kernel that ignores Rebuno-Step-Occurrence (docs/protocol/conformance.md §2.4)
 
     def before(k: FakeKernel, r: Recorded) -> Any:
         if r.path.endswith("/steps") and len(k.submits()) == 2:

@@ -1,4 +1,4 @@
-"""Handler input binding: the three shapes of the Agents page and §8.9's reasons."""
+"""Handler input binding: the three shapes of the Agents page and docs/protocol/sdk.md §3's reasons."""
 
 from __future__ import annotations
 

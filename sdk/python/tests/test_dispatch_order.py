@@ -1,4 +1,4 @@
-"""Webhook ordering (§8.7.4): which deliveries run and which are ignored."""
+"""Webhook ordering (docs/protocol/sdk.md §1.4): which deliveries run and which are ignored."""
 
 from __future__ import annotations
 

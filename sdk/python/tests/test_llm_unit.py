@@ -1,5 +1,5 @@
 """The LLM transport: recording, replay, streaming tee and synthetic refusals
-(PROTOCOL §8.9), through the official `openai` client over a mock provider."""
+(docs/protocol/sdk.md §3), through the official `openai` client over a mock provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`rebuno.drivers.LocalDirectory` (RESOURCES-AND-FORKS.md §6): the manifest
+"""`rebuno.drivers.LocalDirectory` (docs/protocol/sdk.md §5): the manifest
 golden vector, content-addressed snapshots, restores, damaged snapshots and
 the `files` API."""
 

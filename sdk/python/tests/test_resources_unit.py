@@ -1,5 +1,5 @@
 """`resource()`, `CheckpointPolicy`, drivers, serialisation and captures
-(RESOURCES-AND-FORKS.md §2), against the in-memory kernel of
+(docs/protocol/sdk.md §4), against the in-memory kernel of
 `resource_fakes.py`, which applies the kernel's counting and refusal rules."""
 
 from __future__ import annotations

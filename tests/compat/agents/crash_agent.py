@@ -62,7 +62,7 @@ async def handler(key: str, mode: str = "slow") -> dict:
             out["charged"] = await charge(found["value"])
         except ToolError as e:
             # An at-most-once body whose outcome was lost is not run again: the
-            # kernel replays it as the indeterminate error (§12.3).
+            # kernel replays it as the indeterminate error (docs/protocol/steps.md §7).
             out["charge_error"] = str(e)
     else:
         out["doubled"] = await slow(found["value"])

@@ -1,5 +1,5 @@
 """A small directory resource driver for the compatibility suite, written for the
-test tree (RESOURCES-AND-FORKS.md §6 gives the idea; this is not that driver).
+test tree (docs/protocol/sdk.md §5 gives the idea; this is not that driver).
 
 The published client (``rebuno`` 0.29.2) calls ``create(ref)``, ``open(binding)``
 and ``checkpoint(handle)`` and reads ``driver_id``, ``configuration`` and

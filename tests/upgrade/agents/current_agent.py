@@ -30,7 +30,7 @@ async def lookup(city: str, units: str = "metric") -> dict:
 @tool("quote")
 async def quote(amount: float, currency: str, meta: dict) -> str:
     # Non-ASCII and HTML-escaped characters, a float and an object whose keys
-    # are not sorted: the canonical form of §11.2 must make both SDKs agree.
+    # are not sorted: the canonical form of docs/protocol/identity.md §2 must make both SDKs agree.
     record("tool:quote")
     return f"{amount} {currency} {meta['a']}"
 

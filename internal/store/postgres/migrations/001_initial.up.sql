@@ -5,7 +5,7 @@
 --     orders them and as the keyset pages expect, whatever the database's
 --     default collation;
 --   * user JSON kept verbatim (inputs, arguments, results, payloads) is
---     BYTEA, never jsonb, which would rewrite it (docs/protocol §1.3);
+--     BYTEA, never jsonb, which would rewrite it (docs/protocol docs/protocol/README.md §3);
 --   * times are BIGINT Unix microseconds, 0 when unset.
 -- Tables rewritten by every step leave room on each page (fillfactor) so
 -- that an update can stay on its page and skip the indexes (a HOT update).
@@ -207,7 +207,7 @@ CREATE TABLE checkpoints (
 CREATE INDEX checkpoints_open ON checkpoints (execution_id, key) WHERE invalidated_seq = 0;
 
 -- Server mode only: the rate-limit buckets every replica shares
--- (docs/protocol §20), one row per bucket. touched_at is the latest check's
+-- (docs/protocol docs/protocol/governance.md §3), one row per bucket. touched_at is the latest check's
 -- time; a bucket untouched for longer than its window is full and deleted.
 CREATE TABLE rate_buckets (
   bucket_key TEXT COLLATE "C" PRIMARY KEY,

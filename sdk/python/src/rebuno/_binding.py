@@ -1,6 +1,6 @@
 """Handler input binding: the handler's signature is its input schema.
 
-Three shapes (Agents page; PROTOCOL §8.9):
+Three shapes (Agents page; docs/protocol/sdk.md §3):
 
 1. keyword fields — each parameter is an input field, validated by a pydantic
    model built from the signature (extra keys ignored, annotations enforced);
@@ -74,7 +74,7 @@ class Binding:
             validated = self.model.model_validate(value)
         except pydantic.ValidationError as e:
             raise BindingError(f"input validation failed: {_format_errors(e)}") from e
-        except Exception as e:  # any other binding failure (§8.9)
+        except Exception as e:  # any other binding failure (docs/protocol/sdk.md §3)
             raise BindingError(f"input validation failed: {e}") from e
         if self.shape == "model":
             assert self.param is not None

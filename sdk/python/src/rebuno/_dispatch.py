@@ -1,4 +1,4 @@
-"""Webhook ordering and supersession (PROTOCOL §8.7.4).
+"""Webhook ordering and supersession (docs/protocol/sdk.md §1.4).
 
 Per execution the agent keeps the newest (`dispatch_id`, `dispatch_attempt`)
 it has seen, while its handler runs and for 2 × `lease_timeout_seconds` after

@@ -1,5 +1,5 @@
 """The step protocol shared by `@tool`, `wrap_tool`, `step()` and MCP tools:
-submit, run the body on `proceed`, report its outcome (PROTOCOL §10, §13, §8.9).
+submit, run the body on `proceed`, report its outcome (docs/protocol/steps.md §1–§4, §10, docs/protocol/sdk.md §3).
 
 Decisions map to outcomes:
 
@@ -44,7 +44,7 @@ def validate_idempotency(idempotency: str) -> str:
 
 
 def validate_resources(resources: Sequence[str] | None) -> list[str]:
-    """Check `resources=` keys (RESOURCES-AND-FORKS.md §1, §2.1): each 1–128
+    """Check `resources=` keys (docs/protocol/resources.md §1, docs/protocol/sdk.md §4.1): each 1–128
     characters from `A–Z a–z 0–9 . _ -`, not `.` or `..`; duplicates dropped,
     keeping the first."""
     if resources is None:
@@ -102,7 +102,7 @@ def _first_unencodable(value: Any) -> str:
 
 def error_message(error: Any) -> str:
     """The message of a recorded step error: its string `message`, else `reason`,
-    else its JSON text (§8.9)."""
+    else its JSON text (docs/protocol/sdk.md §3)."""
     if isinstance(error, dict):
         for key in ("message", "reason"):
             if isinstance(error.get(key), str):
@@ -158,7 +158,7 @@ async def run_effect(kind: str, target: str, args: Any, body: Callable[[], Await
 
     While the execution has resources the whole call — submit, body, due
     captures, outcome — holds the step lock, unless it is made from inside
-    another running body (RESOURCES-AND-FORKS.md §2.5)."""
+    another running body (docs/protocol/sdk.md §4.5)."""
     ctx = require_context(what)
     async with StepGuard(ctx, resources) as guard:
         return await _run_locked(ctx, guard, kind, target, args, body, idempotency, what)

@@ -1,10 +1,10 @@
-"""The agent's signed client to the kernel (PROTOCOL §4.3, §8.7, §8.8).
+"""The agent's signed client to the kernel (docs/protocol/auth.md §3, docs/protocol/sdk.md §1, §2).
 
 Every request is signed with a fresh `v1` signature. Requests made for a
 dispatch carry `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` (mutations
 only: the kernel ignores them on reads); a submit also carries its step
 occurrence, bound to the request by its own signature. Transport failures
-are retried as §8.8 says, until a whole lease has passed since the last
+are retried as docs/protocol/sdk.md §2 says, until a whole lease has passed since the last
 renewal; then the attempt is abandoned (`Terminated("abandoned")`) without
 reporting anything.
 """
@@ -62,14 +62,14 @@ class Lease:
     attempt: int | None
     clock: LeaseClock
     # Whether the kernel echoes Rebuno-Step-Occurrence (learned from the first
-    # submit answer that carries a step id, §11.6). None until known.
+    # submit answer that carries a step id, docs/protocol/identity.md §7). None until known.
     occurrence_supported: bool | None = field(default=None)
 
 
 class Retry(enum.Enum):
     NEVER = "never"
     ALWAYS = "always"
-    SUBMIT = "submit"  # only when the occurrence makes a re-send safe (§11.6)
+    SUBMIT = "submit"  # only when the occurrence makes a re-send safe (docs/protocol/identity.md §7)
 
 
 @dataclass
@@ -141,7 +141,7 @@ class KernelClient:
 
     async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,
                       occurrence: int | None = None, retry: Retry = Retry.ALWAYS) -> KernelResponse:
-        """Send one signed request, retrying transport failures per §8.8.
+        """Send one signed request, retrying transport failures per docs/protocol/sdk.md §2.
 
         Returns every HTTP answer except `409 lease_superseded`, which raises
         `Terminated("lease_superseded")`, and `503`, which is retried.
@@ -177,7 +177,7 @@ class KernelClient:
                 if occurrence is None or lease is None or lease.occurrence_supported is not True:
                     # The answer may have been lost after the kernel recorded the
                     # submit; re-sending without a trusted occurrence could make a
-                    # second step. Abandon the attempt (§8.8, §11.6).
+                    # second step. Abandon the attempt (docs/protocol/sdk.md §2, docs/protocol/identity.md §7).
                     log.warning("rebuno: submit answer lost (%s); abandoning the attempt", failure)
                     raise Terminated("abandoned") from failure
             deadline = lease.clock.deadline if lease is not None else started + NO_LEASE_BUDGET
@@ -211,7 +211,7 @@ class KernelClient:
                            value_json: str, captures: list[dict[str, Any]] | None = None,
                            capture_failures: list[dict[str, Any]] | None = None) -> Decision:
         """Record a step's outcome, with the captures taken after its body
-        (RESOURCES-AND-FORKS.md §2.6), which the kernel commits with it."""
+        (docs/protocol/sdk.md §4.6), which the kernel commits with it."""
         verb, field_name = ("complete", "result") if succeeded else ("fail", "error")
         text = '{"%s":' % field_name + value_json
         if captures:
@@ -243,7 +243,7 @@ class KernelClient:
 
         Returns True when the kernel recorded it, False when the execution was
         already terminal (`409 execution_terminal`, also the answer to a retry
-        whose first try was recorded, §8.8).
+        whose first try was recorded, docs/protocol/sdk.md §2).
         """
         if output_json is not None:
             path, body = "complete", ('{"output":' + output_json + "}").encode("utf-8")
@@ -261,7 +261,7 @@ class KernelClient:
 
     async def register_resource(self, execution_id: str, lease: Lease, registration: dict[str, Any]) -> Resource:
         """Register a resource key, or confirm an identical registration;
-        returns the resource view (RESOURCES-AND-FORKS.md §3.4). A `409
+        returns the resource view (docs/protocol/resources.md §4). A `409
         conflict` is raised as `ConflictError`."""
         resp = await self.request("POST", f"/v0/executions/{execution_id}/resources",
                                   body=_compact(registration).encode("utf-8"), lease=lease)

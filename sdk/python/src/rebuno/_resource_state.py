@@ -1,4 +1,4 @@
-"""Per-dispatch resource bookkeeping (RESOURCES-AND-FORKS.md §2.3–§2.6).
+"""Per-dispatch resource bookkeeping (docs/protocol/sdk.md §4.3–§4.6).
 
 Kept apart from `resources.py` so that `ExecutionContext` can own one
 `ResourceState` without importing the public resource API.
@@ -6,9 +6,9 @@ Kept apart from `resources.py` so that `ExecutionContext` can own one
 * `entries`: key → the resource opened in this dispatch (handle, driver and
   the identity it was opened with);
 * `generations`: the newest generation the SDK has received per key, from
-  register views and from `proceed` answers (the kernel counts, §2.6);
+  register views and from `proceed` answers (the kernel counts, docs/protocol/sdk.md §4.6);
 * the **step lock**: tool calls and local steps run one at a time while the
-  execution has resources (§2.5). `serialise` turns it on;
+  execution has resources (docs/protocol/sdk.md §4.5). `serialise` turns it on;
 * the **body mark**: a `ContextVar` that says "this code runs inside the body
   of a tool or local step". Calls made there re-enter the lock, and their due
   captures are deferred to the outermost running body.
@@ -117,7 +117,7 @@ class ResourceState:
 
     def start(self, resource_keys: Iterable[str]) -> None:
         """Dispatch start: the lock is on from here when the execution
-        already has resources (§2.5)."""
+        already has resources (docs/protocol/sdk.md §4.5)."""
         self.initial_keys = list(resource_keys)
         if self.initial_keys:
             self.serialise = True

@@ -1,6 +1,6 @@
 """`Agent`: serves the kernel's webhook and runs the handler once per dispatch.
 
-Dispatch (Agents page; PROTOCOL §8.7):
+Dispatch (Agents page; docs/protocol/sdk.md §1):
 
 1. read the body up to a fixed limit (`413` beyond it), verify
    `Rebuno-Signature` (`401` when missing or wrong), then parse it;
@@ -51,7 +51,7 @@ DEFAULT_BASE_URL = "http://localhost:8080"
 
 
 def heartbeat_interval(lease_timeout_seconds: float) -> float:
-    """At least every `min(30 s, lease / 3)` (§8.7.6)."""
+    """At least every `min(30 s, lease / 3)` (docs/protocol/sdk.md §1.6)."""
     return max(0.05, min(30.0, lease_timeout_seconds / 3))
 
 
@@ -177,7 +177,7 @@ class Agent:
         return app
 
     async def _publish_metadata(self) -> None:
-        """Publish the handler's docstring and input schema (§21.4), once per
+        """Publish the handler's docstring and input schema (docs/protocol/governance.md §4.4), once per
         process. Tried at start-up and again on the first webhook, which
         proves that the agent is registered by then."""
         if self._binding is None or self._metadata_published:
@@ -281,7 +281,7 @@ class Agent:
             return
         ctx.input = execution.input
         # Tool calls and local steps run one at a time from the start when the
-        # execution already has resources (RESOURCES-AND-FORKS.md §2.5).
+        # execution already has resources (docs/protocol/sdk.md §4.5).
         ctx.resources.start(execution.resource_keys)
         try:
             kwargs = self._binding.bind(execution.input)

@@ -218,7 +218,7 @@ class Client:
                 await asyncio.sleep(backoff.next())
 
     async def stream_deltas(self, execution_id: str) -> AsyncIterator[StreamDelta]:
-        """Live token deltas of the execution's running steps (§16). Only
+        """Live token deltas of the execution's running steps (docs/protocol/events.md §5). Only
         deltas posted while connected are seen; ends when the execution does."""
         async for _, data, _ in self._sse(f"/v0/executions/{execution_id}/stream", {}):
             yield StreamDelta.model_validate_json(data)
@@ -249,7 +249,7 @@ class Client:
     # ----------------------------------------------- coverage and forks
 
     async def fork(self, execution_id: str, *, at_seq: int) -> Execution:
-        """Fork an execution at one of its events (RESOURCES-AND-FORKS.md §5).
+        """Fork an execution at one of its events (docs/protocol/forks.md).
 
         The fork is a new execution of the same agent and input: the steps
         finished at `at_seq` replay, and each resource is restored from the

@@ -5,10 +5,10 @@ Two families:
 * **Step outcomes and control flow** (raised inside a handler): `PolicyError`,
   `RateLimited`, `ToolError`, `Blocked`, `Terminated`.
 * **API errors** (raised by `Client` and by agent requests the kernel refuses):
-  `APIError` and one subclass per envelope code (PROTOCOL §5.2).
+  `APIError` and one subclass per envelope code (docs/protocol/errors.md §2).
 
 `raise_for_refusal()` turns a kernel refusal that reached a provider SDK as a
-synthetic HTTP response (§8.9) back into one of the first family.
+synthetic HTTP response (docs/protocol/sdk.md §3) back into one of the first family.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ _BY_STATUS = {cls.status: cls for cls in reversed(_API_ERRORS)}
 
 def api_error(status: int, body: bytes) -> APIError:
     """Build the typed error for a non-2xx answer. Clients branch on `code`
-    (PROTOCOL §5.1); the status only picks a class when the body has no code."""
+    (docs/protocol/errors.md §1); the status only picks a class when the body has no code."""
     code, message, details = "", "", None
     try:
         data = json.loads(body)
@@ -228,7 +228,7 @@ def api_error(status: int, body: bytes) -> APIError:
 
 
 # ---------------------------------------------------------------------------
-# Refusals carried through provider SDKs (§8.9)
+# Refusals carried through provider SDKs (docs/protocol/sdk.md §3)
 
 _MARKER_RE = re.compile(r"rebuno_refusal: ([a-z_]+)(?: reason=(.*))?")
 
@@ -343,7 +343,7 @@ def raise_for_refusal(exc: BaseException) -> None:
 
     The LLM transport answers denials, approvals, rate limits and terminal or
     superseded executions with a synthetic HTTP 403/429 whose message starts
-    with `rebuno_refusal` (PROTOCOL §8.9). Provider clients turn it into their
+    with `rebuno_refusal` (docs/protocol/sdk.md §3). Provider clients turn it into their
     own error type; this finds the marker in the exception, its body, its
     response, or its cause/context chain. `Blocked` and `Terminated` already
     recorded on the current execution are re-raised as recorded.

@@ -8,7 +8,7 @@ through it. It also keeps:
 * the **sticky signal**: the first `Blocked` or `Terminated` any step met. A
   handler that swallows it still ends its dispatch correctly, because `Agent`
   reads it here; every later step re-raises it without contacting the kernel;
-* the **occurrence counters** of this attempt (PROTOCOL §11.5, §11.6): calls
+* the **occurrence counters** of this attempt (docs/protocol/identity.md §6, §7): calls
   with the same identity are submitted one at a time, in the order they
   started, each with the occurrence the SDK expects.
 """
@@ -52,7 +52,7 @@ class ExecutionContext:
         self.lease = lease
         self.signal: Blocked | Terminated | None = None
         # Set when the dispatch itself is being stopped (superseded, closed,
-        # terminal): a cancelled body then reports no outcome (§8.7.8).
+        # terminal): a cancelled body then reports no outcome (docs/protocol/sdk.md §1.8).
         self.stopping = False
         self._counters: dict[_Identity, int] = {}
         self._tails: dict[_Identity, asyncio.Future[None]] = {}
@@ -63,7 +63,7 @@ class ExecutionContext:
     def step_id(self) -> str | None:
         """The id of the step whose body is running here (a tool, local step or
         MCP tool body), else None. Stable across attempts: pass it to providers
-        as an idempotency key (PROTOCOL §12.2)."""
+        as an idempotency key (docs/protocol/steps.md §6)."""
         return _step.get()
 
     # ------------------------------------------------------------ signals
@@ -127,7 +127,7 @@ class ExecutionContext:
             if decision.step_id is not None:
                 self._counters[key] = max(self._counters.get(key, 0), occurrence + 1)
             if decision.resources:
-                # Every start answers with the generations it raised (§2.6).
+                # Every start answers with the generations it raised (docs/protocol/sdk.md §4.6).
                 self.resources.learn_entries(decision.resources)
         finally:
             self._release(key, prev, mine)

@@ -7,7 +7,7 @@
 Every request through the client is an `llm_call` step:
 
 * **target** is the request's `model` (empty when it has none); **args** is
-  the JSON body exactly as sent. PROTOCOL §10.1 suggests leaving out volatile
+  the JSON body exactly as sent. docs/protocol/steps.md §1 suggests leaving out volatile
   fields such as the streaming flag, but the published client records the
   whole body, and keeping its identity lets an execution it began continue
   here; so a streamed and a plain call of the same request are two steps;
@@ -16,10 +16,10 @@ Every request through the client is an `llm_call` step:
   published client's record, so either SDK replays the other's); on `replay`
   the recorded response is returned without touching the provider;
 * streamed responses (`text/event-stream`) are passed through as they arrive,
-  teed to the kernel's live side channel (PROTOCOL §16), and recorded whole
+  teed to the kernel's live side channel (docs/protocol/events.md §5), and recorded whole
   when the stream ends;
 * kernel refusals never raise here: they come back as synthetic `403`/`429`
-  responses carrying the `rebuno_refusal` marker (§8.9), which provider
+  responses carrying the `rebuno_refusal` marker (docs/protocol/sdk.md §3), which provider
   clients do not retry and `raise_for_refusal()` turns back into `PolicyError`,
   `RateLimited`, `Blocked` or `Terminated`.
 """
@@ -72,7 +72,7 @@ def llm_step_args(request: httpx2.Request, body: bytes) -> tuple[str, Any]:
 
 def refusal_response(request: httpx2.Request, code: str, *, reason: str | None = None,
                      rule_id: str | None = None, retry_after_ms: int | None = None) -> httpx2.Response:
-    """The synthetic response for a kernel refusal (§8.9)."""
+    """The synthetic response for a kernel refusal (docs/protocol/sdk.md §3)."""
     status = 429 if code == DecisionKind.RATE_LIMITED else 403
     payload = {"error": {
         "type": "rebuno_refusal", "code": code, "message": refusal_message(code, reason),

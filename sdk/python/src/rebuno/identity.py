@@ -1,7 +1,7 @@
-"""Step identity (PROTOCOL §11): canonical JSON, `args_hash` and `step_id`.
+"""Step identity (docs/protocol/identity.md): canonical JSON, `args_hash` and `step_id`.
 
 The SDK computes `args_hash` locally to count occurrences itself and send
-`Rebuno-Step-Occurrence` (§11.6). The canonical form here must be bit-exact
+`Rebuno-Step-Occurrence` (docs/protocol/identity.md §7). The canonical form here must be bit-exact
 with the kernel's:
 
 * numbers keep their original literal text (`1.0` stays `1.0`);
@@ -142,7 +142,7 @@ NULL_ARGS_HASH = args_hash("null")
 
 
 def step_id(execution_id: str, kind: str, target: str, hash_hex: str, occurrence: int) -> str:
-    """The kernel's step id: SHA-256 over length-prefixed fields (§11.3)."""
+    """The kernel's step id: SHA-256 over length-prefixed fields (docs/protocol/identity.md §4)."""
     fields = [execution_id.lower(), kind, target, hash_hex, str(occurrence)]
     pre = b"".join(str(len(f.encode("utf-8"))).encode("ascii") + b":" + f.encode("utf-8") for f in fields)
     return hashlib.sha256(pre).hexdigest()

@@ -9,7 +9,7 @@ checkpointed during the run and restored in forks.
         await workspace.files.write(path, content)
         return f"wrote {path}"
 
-What the SDK does (RESOURCES-AND-FORKS.md §2):
+What the SDK does (docs/protocol/sdk.md §4):
 
 * `resource()` registers the key with the kernel, then creates the resource
   (from the fork's checkpoint, or the initial environment) and records its
@@ -252,7 +252,7 @@ async def resource(key: str, *, driver: ResourceDriver[HandleT, Any],
 
 def _warn_policy(entry: OpenedResource, every_steps: int, on_completion: bool) -> None:
     """One warning per key and dispatch when code passes a policy other than
-    the stored one, which wins (§2.3)."""
+    the stored one, which wins (docs/protocol/sdk.md §4.3)."""
     stored = (entry.stored_every_steps, entry.stored_on_completion)
     if (every_steps, on_completion) != stored and not entry.policy_warned:
         entry.policy_warned = True
@@ -292,7 +292,7 @@ async def _first_use(ctx: ExecutionContext, entry: OpenedResource, policy: Check
         ctx.check()
         view = await _register(ctx, entry, policy.every_steps, policy.on_completion)
         entry.registered_seq = view.registered_seq
-        # The stored policy wins (§2.3): remember it, warn about a difference.
+        # The stored policy wins (docs/protocol/sdk.md §4.3): remember it, warn about a difference.
         entry.stored_every_steps, entry.stored_on_completion = view.every_steps, view.on_completion
         _warn_policy(entry, policy.every_steps, policy.on_completion)
         if view.binding is not None:
@@ -333,7 +333,7 @@ def _created(created: Any) -> tuple[Any, Any]:
 
 
 async def _fail_unavailable(ctx: ExecutionContext, key: str, exc: CheckpointUnavailable) -> None:
-    """Fail the execution at once and make the context terminal (§2.3)."""
+    """Fail the execution at once and make the context terminal (docs/protocol/sdk.md §4.3)."""
     reason = f'checkpoint_unavailable: resource "{key}": {exc}'
     try:
         await ctx.kernel.finish_execution(ctx.execution_id, ctx.lease, reason=reason)
@@ -374,7 +374,7 @@ async def _publish(ctx: ExecutionContext, captures: list[dict[str, Any]],
 
 def _capturing(ctx: ExecutionContext) -> bool:
     """No capture while the dispatch is being stopped or the execution is
-    terminal: a newer dispatch may already run steps (§2.6)."""
+    terminal: a newer dispatch may already run steps (docs/protocol/sdk.md §4.6)."""
     return not ctx.stopping and not isinstance(ctx.signal, Terminated)
 
 
@@ -405,7 +405,7 @@ async def capture_entries(ctx: ExecutionContext, entries: Sequence[OpenedResourc
 
 class StepGuard:
     """The resource side of one tool call or local step: the step lock, the
-    declared-keys check, the body mark and the due captures (§2.4–§2.6)."""
+    declared-keys check, the body mark and the due captures (docs/protocol/sdk.md §4.4–§4.6)."""
 
     def __init__(self, ctx: ExecutionContext, declared: Sequence[str]) -> None:
         self.ctx = ctx
@@ -477,7 +477,7 @@ class StepGuard:
 
 
 async def completion_captures(ctx: ExecutionContext) -> None:
-    """Before `complete` (§2.6): read the view of each resource opened in this
+    """Before `complete` (docs/protocol/sdk.md §4.6): read the view of each resource opened in this
     dispatch by registering it again, and capture, in registration order, those
     that are uncovered and have `on_completion`. One publish carries them."""
     if not _capturing(ctx) or ctx.signal is not None:

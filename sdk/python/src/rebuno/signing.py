@@ -1,4 +1,4 @@
-"""HMAC signatures (PROTOCOL §4.3).
+"""HMAC signatures (docs/protocol/auth.md §3).
 
 * Agent → kernel requests carry a request-bound `v1` signature over six lines
   (constant, method, request target, timestamp, dispatch id, dispatch attempt)

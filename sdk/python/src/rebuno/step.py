@@ -8,7 +8,7 @@ The first run calls `fn` and records its result; every replay returns the
 recorded result without calling it. `args` is part of the step's identity
 (no args are recorded as `{}`, as the published client records them), so
 calls that should record separately need different names or args. A local step that no policy rule matches is always allowed
-(PROTOCOL §12.5); an explicit rule can still deny it, which raises
+(docs/protocol/steps.md §9); an explicit rule can still deny it, which raises
 `PolicyError` here (unlike `@tool`, which returns a string).
 """
 

@@ -5,7 +5,7 @@ The decorated function keeps its signature, annotations and docstring, and its
 `__name__` is the tool id, so frameworks that read them (LangChain's
 `create_agent(tools=[...])`) see the original tool. A policy denial is caught
 and returned as a string the model can read; every other outcome is the
-step's (PROTOCOL §8.9).
+step's (docs/protocol/sdk.md §3).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Shapes the kernel returns (PROTOCOL §2), as pydantic models.
+"""Shapes the kernel returns (docs/protocol/README.md §5), as pydantic models.
 
-Every model ignores fields it does not know (§1.4: clients MUST ignore
+Every model ignores fields it does not know (docs/protocol/README.md §4: clients MUST ignore
 unknown response fields), so a newer kernel never breaks an older SDK.
 Verbatim user JSON (`input`, `output`, `args`, `result`, `error`, payloads) is
 typed `Any`.
@@ -154,7 +154,7 @@ class DecisionKind(StrEnum):
 
 
 class Decision(Model):
-    """The answer to submit, step complete and step fail (§2.7)."""
+    """The answer to submit, step complete and step fail (docs/protocol/steps.md §3)."""
 
     # A decision a newer kernel may add stays a plain `str` (unknown values are ignored, not refused).
     decision: Annotated[DecisionKind | str, Field(union_mode="left_to_right")]
@@ -180,7 +180,7 @@ class Decision(Model):
 
 class Resource(Model):
     """A resource of an execution: the view every register answers with
-    (RESOURCES-AND-FORKS.md §3.1). `checkpoint_ref` is the ref a fork's
+    (docs/protocol/resources.md §2). `checkpoint_ref` is the ref a fork's
     resource is restored from (`""` for the initial environment); `covered`
     is coverage at the current end of the log."""
 
@@ -240,7 +240,7 @@ class CoverageRanges(Model):
 
 
 class StreamDelta(Model):
-    """One live delta of a running step (§16)."""
+    """One live delta of a running step (docs/protocol/events.md §5)."""
 
     step_id: str
     seq: int
@@ -248,7 +248,7 @@ class StreamDelta(Model):
 
 
 class StreamEnd(Model):
-    """The `end` frame of the event tail (§15)."""
+    """The `end` frame of the event tail (docs/protocol/events.md §4)."""
 
     execution_id: str
     status: str

@@ -1,4 +1,4 @@
-"""Agents of the acceptance scenarios (RESOURCES-AND-FORKS.md §8).
+"""Agents of the acceptance scenarios (docs/protocol/conformance.md §3).
 
 * `load_seed()`: the seed's LangChain docs agent, `examples/python/resources/agent_local.py`;
 * `loop_agent(...)`: scenario 1b — the same two tools under a framework-free

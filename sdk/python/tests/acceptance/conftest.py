@@ -1,4 +1,4 @@
-"""Fixtures of the acceptance scenarios: a fresh kernel per test, the §8
+"""Fixtures of the acceptance scenarios: a fresh kernel per test, the docs/protocol/conformance.md §3
 scripted server, and the environment the seed agent reads."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def serving(kernel: KernelProcess, agent_id: str,
 async def agent_post(kernel: KernelProcess, agent_id: str, path: str, body: dict[str, Any], *,
                      dispatch_id: str, attempt: int) -> tuple[int, str]:
     """One v1-signed agent request for a given dispatch attempt, as a handler
-    of that attempt would send it (PROTOCOL §4.3)."""
+    of that attempt would send it (docs/protocol/auth.md §3)."""
     raw = json.dumps(body, separators=(",", ":")).encode()
     ts = str(int(time.time()))
     headers = {"Content-Type": "application/json", "Rebuno-Agent-Id": agent_id, "Rebuno-Timestamp": ts,

@@ -1,4 +1,4 @@
-"""Forking a finished run at every event, with its agent stopped (§8
+"""Forking a finished run at every event, with its agent stopped (docs/protocol/conformance.md §3
 scenario 1): each fork is inspected against the oracle, never run, then
 cancelled."""
 

@@ -1,5 +1,5 @@
-"""The acceptance suite's own coverage oracle (RESOURCES-AND-FORKS.md §4.1,
-§5.2, §5.3), computed from the events read back. The kernel's coverage
+"""The acceptance suite's own coverage oracle (docs/protocol/resources.md §5.1,
+docs/protocol/forks.md §2, §3), computed from the events read back. The kernel's coverage
 answers are checked against it, never against themselves.
 
 * `Oracle(events)`: coverage at any point, covered ranges, generations;
@@ -123,12 +123,12 @@ class Oracle:
         return start.step_type in ("tool_call", "local") and key in start.resources
 
     def ending(self, key: str) -> list[int]:
-        """Seqs of the live starts that end `key`'s coverage (§4.1 step 2)."""
+        """Seqs of the live starts that end `key`'s coverage (docs/protocol/resources.md §5.1 step 2)."""
         return [s.seq for s in self.starts if s.seq > self.registered.get(key, 0) and self.ends_coverage(s, key)]
 
     def generation_at(self, key: str, s: int) -> int:
         """The key's generation after event s: a fork's initial value (or 0),
-        plus one per coverage-ending start after it (§3.3)."""
+        plus one per coverage-ending start after it (docs/protocol/resources.md §3)."""
         base_seq, base = self.initialized.get(key, (0, 0))
         if base_seq > s:
             base_seq, base = 0, 0
@@ -188,7 +188,7 @@ def assert_kernel_matches(oracle: Oracle, ranges: Any, points: dict[int, Any]) -
 
 @dataclass
 class ForkPlan:
-    """What a fork of `source` at `s` must look like (§5.2, §5.3)."""
+    """What a fork of `source` at `s` must look like (docs/protocol/forks.md §2, §3)."""
 
     s: int
     kept: list[Event]  # source events copied into the fork's log, in order
@@ -236,7 +236,7 @@ def expected_fork(source: Oracle, s: int) -> ForkPlan:
 
 
 def expected_checkpoint_copies(source: Oracle, plan: ForkPlan) -> list[dict[str, Any]]:
-    """The fork's copied `resource.checkpointed` payloads (§5.2, §5.3)."""
+    """The fork's copied `resource.checkpointed` payloads (docs/protocol/forks.md §2, §3)."""
     out: list[dict[str, Any]] = []
     for key in plan.keys:
         by_mapped: dict[int, Checkpoint] = {}

@@ -1,4 +1,4 @@
-"""The scripted OpenAI-compatible server of RESOURCES-AND-FORKS.md §8.
+"""The scripted OpenAI-compatible server of docs/protocol/conformance.md §3.
 
 Its next action is a function of the request alone: it counts the tool
 results in the conversation (`role: "tool"` messages on the chat completions

@@ -1,4 +1,4 @@
-"""Scenario 4 of RESOURCES-AND-FORKS.md §8: a capture failure.
+"""Scenario 4 of docs/protocol/conformance.md §3: a capture failure.
 
 A wrapping driver fails the `checkpoint()` that is due after the 2nd write
 (every_steps=1, coverage_reuse on, so that LLM calls and the read leave
@@ -112,7 +112,7 @@ async def test_capture_failure_leaves_a_gap(kernel: KernelProcess, script: Scrip
 
 
 async def test_a_failed_capture_keeps_the_counter(kernel: KernelProcess, script: ScriptServer, root: Path) -> None:
-    """every_steps=2 (§3.3 "Reset"): the capture due after write 2 fails, so
+    """every_steps=2 (docs/protocol/resources.md §3 "Reset"): the capture due after write 2 fails, so
     the counter is not reset and write 3 is due at once; after that accepted
     capture the cadence resumes (write 5), and the completion capture covers
     the end that write 6 left uncovered."""

@@ -1,4 +1,4 @@
-"""Scenario 7 of RESOURCES-AND-FORKS.md §8: coverage_reuse on and off,
+"""Scenario 7 of docs/protocol/conformance.md §3: coverage_reuse on and off,
 Example C (every_steps=1): read_file, write_file [ws], a local step "lint",
 an LLM call, complete.
 

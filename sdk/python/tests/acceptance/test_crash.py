@@ -1,4 +1,4 @@
-"""Scenario 3 of RESOURCES-AND-FORKS.md §8: SIGKILL in the middle of a tool
+"""Scenario 3 of docs/protocol/conformance.md §3: SIGKILL in the middle of a tool
 call, then resume on a kernel with `--dispatch-lease-timeout 2s
 --dispatch-timeout 1s` (real clock).
 

@@ -1,4 +1,4 @@
-"""Scenario 6 of RESOURCES-AND-FORKS.md §8: every_steps=5 and an uncovered fork.
+"""Scenario 6 of docs/protocol/conformance.md §3: every_steps=5 and an uncovered fork.
 
 Seven writes f1…f7 with an LLM call between each (scenario 1b's loop), forked
 right after write 3. The fork restores the baseline (`covered: false`),

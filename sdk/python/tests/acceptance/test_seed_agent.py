@@ -1,4 +1,4 @@
-"""Scenarios 1 and 1b of RESOURCES-AND-FORKS.md §8: the seed's LangChain docs
+"""Scenarios 1 and 1b of docs/protocol/conformance.md §3: the seed's LangChain docs
 agent (`examples/python/resources/agent_local.py`, every_steps=5 as written),
 and the same two tools under a framework-free loop over the chat completions
 wire, run for real against the kernel with `LocalDirectory`.

@@ -1,4 +1,4 @@
-"""Scenario 8 of RESOURCES-AND-FORKS.md §8: serialisation.
+"""Scenario 8 of docs/protocol/conformance.md §3: serialisation.
 
 * With a resource registered, four 200 ms tools under `asyncio.gather` run
   one at a time (their body intervals do not overlap, 50 ms tolerance; in the

@@ -119,7 +119,7 @@ class KernelProcess:
         return Client(self.url)
 
     async def advance(self, seconds: float) -> None:
-        """Move the kernel's manual clock (PROTOCOL §24.4)."""
+        """Move the kernel's manual clock (docs/protocol/configuration.md §4)."""
         async with httpx2.AsyncClient() as c:
             r = await c.post(self.url + "/v0/test/clock", json={"advance": f"{seconds}s"})
             r.raise_for_status()

@@ -1,7 +1,7 @@
 """Resources, checkpoints and forks end to end: the SDK with a `LocalDirectory`
-resource against the real kernel (RESOURCES-AND-FORKS.md §2, §4, §5, §8).
+resource against the real kernel (docs/protocol/sdk.md §4, docs/protocol/resources.md §5, docs/protocol/forks.md, docs/protocol/conformance.md §3).
 
-Coverage is checked against this module's own oracle (§4.1), computed from
+Coverage is checked against this module's own oracle (docs/protocol/resources.md §5.1), computed from
 the events read back; the kernel is never checked against itself."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`LocalDirectory`: a resource driver whose resource is a directory on the
 local disk, with content-addressed snapshots as checkpoints
-(RESOURCES-AND-FORKS.md §6).
+(docs/protocol/sdk.md §5).
 
     workspace = await resource("workspace", driver=LocalDirectory())
     await workspace.files.write("notes.txt", "hello")
