@@ -11,24 +11,13 @@ import (
 
 func devCommand() *cobra.Command {
 	var s settings
-	list := s.devSettings()
-	cmd := &cobra.Command{
-		Use:   "dev",
-		Short: "Run the kernel on an embedded, durable SQLite file",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := s.resolve(cmd.Flags(), list); err != nil {
-				return err
-			}
+	return settingsCommand(&cobra.Command{Use: "dev", Short: "Run the kernel on an embedded, durable SQLite file"},
+		&s, s.devSettings(), func(cmd *cobra.Command) error {
 			if err := s.check(); err != nil {
 				return err
 			}
 			return runDev(&s, cmd.ErrOrStderr())
-		},
-	}
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	register(cmd.Flags(), list)
-	return cmd
+		})
 }
 
 func runDev(s *settings, stderr io.Writer) error {

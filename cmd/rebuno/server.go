@@ -14,24 +14,13 @@ import (
 
 func serverCommand() *cobra.Command {
 	var s settings
-	list := s.serverSettings()
-	cmd := &cobra.Command{
-		Use:   "server",
-		Short: "Run the kernel on Postgres, as one of any number of stateless replicas",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := s.resolve(cmd.Flags(), list); err != nil {
-				return err
-			}
+	return settingsCommand(&cobra.Command{Use: "server", Short: "Run the kernel on Postgres, as one of any number of stateless replicas"},
+		&s, s.serverSettings(), func(cmd *cobra.Command) error {
 			if err := s.check(); err != nil {
 				return err
 			}
 			return runServer(&s, cmd.ErrOrStderr())
-		},
-	}
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	register(cmd.Flags(), list)
-	return cmd
+		})
 }
 
 func runServer(s *settings, stderr io.Writer) error {
@@ -65,33 +54,24 @@ func databaseName(dbURL string) string {
 
 func migrateCommand() *cobra.Command {
 	var s settings
-	list := s.migrateSettings()
-	cmd := &cobra.Command{
+	return settingsCommand(&cobra.Command{
 		Use:   "migrate",
 		Short: "Bring a server-mode database's schema up to this rebuno's version",
 		Long: "Applies the schema migrations this rebuno has and the database lacks, under the same advisory lock " +
 			"`rebuno server` takes at start, for operators who start replicas with --migrate=false.",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := s.resolve(cmd.Flags(), list); err != nil {
+	}, &s, s.migrateSettings(), func(cmd *cobra.Command) error {
+		m, err := postgres.Migrate(context.Background(), s.DBURL)
+		if err != nil {
+			if errors.Is(err, postgres.ErrSchemaNewer) {
 				return err
 			}
-			m, err := postgres.Migrate(context.Background(), s.DBURL)
-			if err != nil {
-				if errors.Is(err, postgres.ErrSchemaNewer) {
-					return err
-				}
-				return fmt.Errorf("migrate %s: %w", databaseName(s.DBURL), err)
-			}
-			if m.From == m.To {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s is at schema version %d: nothing to do\n", databaseName(s.DBURL), m.To)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "migrated %s from schema version %d to %d\n", databaseName(s.DBURL), m.From, m.To)
-			}
-			return nil
-		},
-	}
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	register(cmd.Flags(), list)
-	return cmd
+			return fmt.Errorf("migrate %s: %w", databaseName(s.DBURL), err)
+		}
+		if m.From == m.To {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s is at schema version %d: nothing to do\n", databaseName(s.DBURL), m.To)
+		} else {
+			fmt.Fprintf(cmd.OutOrStdout(), "migrated %s from schema version %d to %d\n", databaseName(s.DBURL), m.From, m.To)
+		}
+		return nil
+	})
 }

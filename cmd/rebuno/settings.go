@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rebuno/rebuno/internal/store/postgres"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
@@ -236,6 +237,21 @@ func (s *settings) kernelSettings(listenAddr string, server bool) []setting {
 		{flag: "max-execution-bytes", env: "REBUNO_MAX_EXECUTION_BYTES", def: "1073741824", usage: "bytes one execution may store", parse: intAtLeast(&s.MaxExecutionBytes, 1)},
 		{flag: "shutdown-timeout", env: "REBUNO_SHUTDOWN_TIMEOUT", def: "10s", usage: "grace for in-flight requests at shutdown", parse: durationAtLeast(&s.ShutdownTimeout, 0, true)},
 	}
+}
+
+// settingsCommand gives cmd the flags of list, resolved into s (flag, then
+// environment, then default) before run.
+func settingsCommand(cmd *cobra.Command, s *settings, list []setting, run func(cmd *cobra.Command) error) *cobra.Command {
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := s.resolve(cmd.Flags(), list); err != nil {
+			return err
+		}
+		return run(cmd)
+	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	register(cmd.Flags(), list)
+	return cmd
 }
 
 // register declares the flags on fs.

@@ -513,62 +513,6 @@ func TestPanicIsAnInternalError(t *testing.T) {
 	}
 }
 
-func TestSecretCache(t *testing.T) {
-	v := newEnv(t)
-	v.agent("a1")
-	sc := v.s.secrets
-	if got, err := sc.get(v.ctx, "a1"); err != nil || got != secret {
-		t.Fatalf("get = %q, %v", got, err)
-	}
-	// Change the secret behind the cache's back.
-	if _, err := v.k.RegisterAgent(v.ctx, kernel.AgentSpec{ID: "a1", WebhookURL: "http://h/", Secret: "rotated"}); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := sc.get(v.ctx, "a1"); got != secret {
-		t.Fatalf("within the TTL the cache answered %q, want the cached secret", got)
-	}
-	sc.mu.Lock()
-	entry := sc.m["a1"]
-	if d := time.Until(entry.expires); d <= 0 || d > secretTTL {
-		sc.mu.Unlock()
-		t.Fatalf("entry expires in %v, want within %v", d, secretTTL)
-	}
-	entry.expires = time.Now().Add(-time.Nanosecond)
-	sc.m["a1"] = entry
-	sc.mu.Unlock()
-	if got, _ := sc.get(v.ctx, "a1"); got != "rotated" {
-		t.Fatalf("after the TTL the cache answered %q", got)
-	}
-	// forget drops an entry at once (registration and deletion call it).
-	if _, err := v.k.RegisterAgent(v.ctx, kernel.AgentSpec{ID: "a1", WebhookURL: "http://h/", Secret: "third"}); err != nil {
-		t.Fatal(err)
-	}
-	sc.forget("a1")
-	if got, _ := sc.get(v.ctx, "a1"); got != "third" {
-		t.Fatalf("after forget the cache answered %q", got)
-	}
-	if _, err := sc.get(v.ctx, "ghost"); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("unknown agent: %v", err)
-	}
-	sc.mu.Lock()
-	_, cached := sc.m["ghost"]
-	for i := 0; i < 10000; i++ {
-		sc.m[fmt.Sprint("filler-", i)] = cachedSecret{secret: "x", expires: time.Now().Add(time.Hour)}
-	}
-	sc.mu.Unlock()
-	if cached {
-		t.Fatal("a failed lookup was cached")
-	}
-	sc.forget("a1")
-	sc.get(v.ctx, "a1")
-	sc.mu.Lock()
-	n := len(sc.m)
-	sc.mu.Unlock()
-	if n != 1 {
-		t.Fatalf("the cache holds %d entries after reaching its bound, want 1", n)
-	}
-}
-
 func TestRegistrationRotatesTheSecretAtOnce(t *testing.T) {
 	v := newEnv(t)
 	e, _ := v.start("a1")

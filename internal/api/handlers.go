@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/jsonx"
@@ -543,7 +542,6 @@ func handleRegister(c *call) error {
 	if err != nil {
 		return err
 	}
-	c.s.secrets.forget(a.ID)
 	c.writeJSON(http.StatusCreated, renderAgent(a).Bytes())
 	return nil
 }
@@ -578,7 +576,6 @@ func handleDeleteAgent(c *call) error {
 	if err := c.s.k.DeleteAgent(c.ctx(), id); err != nil {
 		return err
 	}
-	c.s.secrets.forget(id)
 	c.noContent()
 	return nil
 }
@@ -735,49 +732,3 @@ func handleTestClock(c *call) error {
 }
 
 // ---- agent secrets ----
-
-// secretCache keeps agent secrets for a second: signature checks then cost no
-// store read, and a changed secret applies within the 2 s of docs/protocol/governance.md §4.1.
-type secretCache struct {
-	k  *kernel.Kernel
-	mu sync.Mutex
-	m  map[string]cachedSecret
-}
-
-type cachedSecret struct {
-	secret  string
-	expires time.Time
-}
-
-const secretTTL = time.Second
-
-func newSecretCache(k *kernel.Kernel) *secretCache {
-	return &secretCache{k: k, m: map[string]cachedSecret{}}
-}
-
-func (sc *secretCache) get(ctx context.Context, id string) (string, error) {
-	now := time.Now()
-	sc.mu.Lock()
-	if e, ok := sc.m[id]; ok && now.Before(e.expires) {
-		sc.mu.Unlock()
-		return e.secret, nil
-	}
-	sc.mu.Unlock()
-	secret, err := sc.k.AgentSecret(ctx, id)
-	if err != nil {
-		return "", err
-	}
-	sc.mu.Lock()
-	if len(sc.m) >= 10000 {
-		sc.m = map[string]cachedSecret{}
-	}
-	sc.m[id] = cachedSecret{secret: secret, expires: now.Add(secretTTL)}
-	sc.mu.Unlock()
-	return secret, nil
-}
-
-func (sc *secretCache) forget(id string) {
-	sc.mu.Lock()
-	delete(sc.m, id)
-	sc.mu.Unlock()
-}

@@ -49,7 +49,6 @@ type Server struct {
 	draining atomic.Bool
 	// shutdown is closed when the kernel stops, ending every stream at once.
 	shutdown chan struct{}
-	secrets  *secretCache
 	metrics  http.Handler
 	origins  *originPolicy
 }
@@ -60,7 +59,7 @@ func New(k *kernel.Kernel, opt Options) *Server {
 		opt.Logger = slog.Default()
 	}
 	s := &Server{k: k, opt: opt, log: opt.Logger, shutdown: make(chan struct{}),
-		secrets: newSecretCache(k), metrics: promhttp.HandlerFor(k.Metrics().Registry, promhttp.HandlerOpts{}),
+		metrics: promhttp.HandlerFor(k.Metrics().Registry, promhttp.HandlerOpts{}),
 		origins: newOriginPolicy(opt.ListenAddr, opt.AllowedHosts, opt.AllowedOrigins)}
 	s.registerRoutes()
 	return s
@@ -220,7 +219,7 @@ func (c *call) verifySignature() error {
 		c.log().Info("agent authentication failed: missing or invalid agent id")
 		return errUnauthorized
 	}
-	secret, err := c.s.secrets.get(c.ctx(), ids[0])
+	secret, err := c.s.k.AgentSecret(c.ctx(), ids[0])
 	if errors.Is(err, store.ErrNotFound) {
 		c.log().Info("agent authentication failed: unknown agent", slog.String("agent_id", ids[0]))
 		return errUnauthorized

@@ -401,13 +401,7 @@ func TestConcurrencyBound(t *testing.T) {
 		ids = append(ids, v.create("a1", srv.URL).ID)
 	}
 	d := New(v.k, Limits{Total: 2, PerAgent: 2}, 30*time.Second, "test", quiet)
-	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
-	defer func() {
-		cancel()
-		<-stopped
-	}()
+	v.run(d)
 
 	waitFor(t, "two deliveries in flight", func() bool { return inFlight.Load() == 2 })
 	// Nudge the loop repeatedly: with both slots busy nothing more is claimed.
@@ -459,13 +453,7 @@ func TestSlowWebhookDoesNotDelayOthers(t *testing.T) {
 	defer fast.Close()
 	es := v.create("slow", slow.URL)
 	d := New(v.k, Limits{Total: 8, PerAgent: 8}, 30*time.Second, "test", quiet)
-	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
-	defer func() {
-		cancel()
-		<-stopped
-	}()
+	v.run(d)
 	waitFor(t, "the slow delivery to start", func() bool { return v.dispatch(es.DispatchID).Attempt == 1 })
 	ef := v.create("fast", fast.URL)
 	v.waitEvent(ef.ID, wire.EventDispatchAcked)
@@ -573,13 +561,7 @@ func TestAgentShareBound(t *testing.T) {
 		v.create("stuck", stuck.URL)
 	}
 	d := New(v.k, Limits{Total: 4, PerAgent: 2}, 30*time.Second, "test", quiet)
-	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
-	defer func() {
-		cancel()
-		<-stopped
-	}()
+	v.run(d)
 	waitFor(t, "the stuck agent's share in flight", func() bool { return hanging.Load() == 2 })
 	for i := 0; i < 5; i++ {
 		e := v.create("healthy", healthy.URL)
@@ -602,13 +584,7 @@ func TestNoSpinWhileFull(t *testing.T) {
 		v.create("stuck", stuck.URL)
 	}
 	d := New(v.k, Limits{Total: 2, PerAgent: 2}, 30*time.Second, "test", quiet)
-	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
-	defer func() {
-		cancel()
-		<-stopped
-	}()
+	v.run(d)
 	waitFor(t, "both slots in use", func() bool { return d.busy() == 2 })
 	before := d.rounds.Load()
 	time.Sleep(300 * time.Millisecond) // a window to count loop rounds in, not synchronisation
@@ -653,13 +629,7 @@ func TestNewcomerBeyondTotal(t *testing.T) {
 		v.create(id, stuck.URL)
 	}
 	d := New(v.k, Limits{Total: 2, PerAgent: 1}, 30*time.Second, "test", quiet)
-	ctx, cancel := context.WithCancel(v.ctx)
-	stopped := make(chan struct{})
-	go func() { d.Run(ctx); close(stopped) }()
-	defer func() {
-		cancel()
-		<-stopped
-	}()
+	v.run(d)
 	waitFor(t, "both slots held", func() bool { return d.busy() == 2 })
 	v.create("newcomer", newcomer.URL)
 	v.create("newcomer", newcomer.URL)
@@ -671,4 +641,15 @@ func TestNewcomerBeyondTotal(t *testing.T) {
 	if n := newcomerHits.Load(); n != 1 || d.busy() != 3 {
 		t.Fatalf("newcomer deliveries %d, in flight %d; want 1 and 3", n, d.busy())
 	}
+}
+
+// run runs d until the test ends.
+func (v *env) run(d *Dispatcher) {
+	ctx, cancel := context.WithCancel(v.ctx)
+	stopped := make(chan struct{})
+	go func() { d.Run(ctx); close(stopped) }()
+	v.t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
 }

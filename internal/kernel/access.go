@@ -137,7 +137,7 @@ func (k *Kernel) RevokeAPIKey(ctx context.Context, by Principal, name string) er
 		return tx.AppendAudit(ctx, &store.AuditEntry{At: now, Actor: by.Actor(), Action: AuditKeyRevoked, Subject: name})
 	})
 	if err == nil {
-		k.keys.forget()
+		k.keys.byHash.forgetAll()
 	}
 	return err
 }
@@ -281,45 +281,23 @@ func (k *Kernel) EndSession(ctx context.Context, token string) error {
 // key costs no store read while a revocation still applies within it, and
 // throttles the writes of last use.
 type keyCache struct {
+	byHash  expiring[*store.APIKey] // nil: no such key
 	mu      sync.Mutex
-	byHash  map[string]cachedKey
 	touched map[string]time.Time
 	depID   string
 }
 
-type cachedKey struct {
-	key     *store.APIKey // nil: no such key
-	expires time.Time
-}
-
 func (c *keyCache) get(ctx context.Context, k *Kernel, hash string) (*store.APIKey, error) {
-	now := time.Now()
-	c.mu.Lock()
-	if e, ok := c.byHash[hash]; ok && now.Before(e.expires) {
-		c.mu.Unlock()
-		return e.key, nil
-	}
-	c.mu.Unlock()
-	key, err := k.store.Read().APIKeyByHash(ctx, hash)
-	if errors.Is(err, store.ErrNotFound) {
-		key, err = nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read key: %w", err)
-	}
-	c.mu.Lock()
-	if c.byHash == nil || len(c.byHash) >= 10000 {
-		c.byHash = map[string]cachedKey{}
-	}
-	c.byHash[hash] = cachedKey{key: key, expires: now.Add(keyCacheTTL)}
-	c.mu.Unlock()
-	return key, nil
-}
-
-func (c *keyCache) forget() {
-	c.mu.Lock()
-	c.byHash = nil
-	c.mu.Unlock()
+	return c.byHash.get(hash, time.Now(), keyCacheTTL, func() (*store.APIKey, error) {
+		key, err := k.store.Read().APIKeyByHash(ctx, hash)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read key: %w", err)
+		}
+		return key, nil
+	})
 }
 
 func (c *keyCache) deploymentID() string {

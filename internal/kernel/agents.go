@@ -94,7 +94,7 @@ func (k *Kernel) upsertAgent(ctx context.Context, tx store.Tx, a AgentSpec) (*st
 			return nil, fmt.Errorf("set policy: %w", err)
 		}
 	}
-	tx.AfterCommit(func() { k.forgetBundle(a.ID) })
+	tx.AfterCommit(func() { k.forgetAgent(a.ID) })
 	stored, err := tx.Agent(ctx, a.ID)
 	if err != nil {
 		return nil, fmt.Errorf("read agent: %w", err)
@@ -164,7 +164,7 @@ func (k *Kernel) DeleteAgent(ctx context.Context, id string) error {
 		if live {
 			return errConflict("agent has executions that are not terminal")
 		}
-		tx.AfterCommit(func() { k.forgetBundle(id) })
+		tx.AfterCommit(func() { k.forgetAgent(id) })
 		return tx.DeleteAgent(ctx, id)
 	})
 }
@@ -179,7 +179,7 @@ func (k *Kernel) SetPolicy(ctx context.Context, agentID, bundle string) error {
 		if errors.Is(err, store.ErrNotFound) {
 			return errNotFound("agent")
 		}
-		tx.AfterCommit(func() { k.forgetBundle(agentID) })
+		tx.AfterCommit(func() { k.forgetAgent(agentID) })
 		return err
 	})
 }
@@ -214,11 +214,14 @@ func (k *Kernel) SetMetadata(ctx context.Context, c Caller, agentID string, m Me
 	})
 }
 
-// AgentSecret returns the secret of an agent for request verification.
+// AgentSecret returns the secret of an agent for request verification,
+// remembered for agentTTL so that a signed request costs no read.
 func (k *Kernel) AgentSecret(ctx context.Context, id string) (string, error) {
-	a, err := k.store.Read().Agent(ctx, id)
-	if err != nil {
-		return "", err
-	}
-	return a.Secret, nil
+	return k.secrets.get(id, time.Now(), agentTTL, func() (string, error) {
+		a, err := k.store.Read().Agent(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		return a.Secret, nil
+	})
 }

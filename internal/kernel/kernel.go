@@ -69,8 +69,9 @@ type Kernel struct {
 	limiter  Limiter
 	wake     chan struct{}
 
-	bundleTexts bundleTexts
-	keys        keyCache
+	bundles expiring[string] // agent id → policy bundle text
+	secrets expiring[string] // agent id → secret
+	keys    keyCache
 }
 
 // Options wires a kernel's collaborators.

@@ -3,7 +3,6 @@ package kernel
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/rebuno/rebuno/internal/jsonx"
@@ -82,49 +81,25 @@ func validateBundle(text string) error {
 	return nil
 }
 
-// bundleTTL is how long the kernel reuses an agent's bundle text without
-// reading it again; a change made on this kernel applies at once, one made
-// elsewhere within the 2 s that docs/protocol/governance.md §2.1 allows.
-const bundleTTL = time.Second
-
-// bundleTexts caches each agent's bundle text, so that a new step costs no
-// read of the agent row.
-type bundleTexts struct {
-	mu sync.Mutex
-	m  map[string]bundleText
-}
-
-type bundleText struct {
-	text    string
-	expires time.Time
-}
+// agentTTL is how long the kernel reuses an agent's bundle text and secret
+// without reading them again; a change made on this kernel applies at once,
+// one made elsewhere within the 2 s that docs/protocol/governance.md §2.1
+// and §4.1 allow.
+const agentTTL = time.Second
 
 // agentBundle returns the bundle text of the execution's agent.
 func (o *op) agentBundle() (string, error) {
-	bt := &o.k.bundleTexts
-	now := o.now
-	bt.mu.Lock()
-	e, ok := bt.m[o.e.AgentID]
-	bt.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return e.text, nil
-	}
-	agent, err := o.tx.Agent(o.ctx, o.e.AgentID)
-	if err != nil {
-		return "", fmt.Errorf("read agent policy: %w", err)
-	}
-	bt.mu.Lock()
-	if bt.m == nil || len(bt.m) >= 10000 {
-		bt.m = map[string]bundleText{}
-	}
-	bt.m[agent.ID] = bundleText{text: agent.PolicyBundle, expires: now.Add(bundleTTL)}
-	bt.mu.Unlock()
-	return agent.PolicyBundle, nil
+	return o.k.bundles.get(o.e.AgentID, o.now, agentTTL, func() (string, error) {
+		agent, err := o.tx.Agent(o.ctx, o.e.AgentID)
+		if err != nil {
+			return "", fmt.Errorf("read agent policy: %w", err)
+		}
+		return agent.PolicyBundle, nil
+	})
 }
 
-// forgetBundle drops a cached bundle text after its agent changed.
-func (k *Kernel) forgetBundle(agentID string) {
-	k.bundleTexts.mu.Lock()
-	delete(k.bundleTexts.m, agentID)
-	k.bundleTexts.mu.Unlock()
+// forgetAgent drops what the kernel remembers of an agent that changed.
+func (k *Kernel) forgetAgent(agentID string) {
+	k.bundles.forget(agentID)
+	k.secrets.forget(agentID)
 }
