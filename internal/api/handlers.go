@@ -67,7 +67,11 @@ func (s *Server) registerRoutes() {
 	add(http.MethodGet, "/v0/health", authNone, bodyNone, handleHealth)
 	add(http.MethodGet, "/v0/ready", authNone, bodyNone, handleReady)
 	add(http.MethodGet, "/metrics", authNone, bodyNone, handleMetrics)
-	add(http.MethodPost, "/v0/test/clock", authBearer, bodyJSON, handleTestClock)
+	// The test clock exists only where it works: a release build, or a test
+	// build without the manual clock, answers 404 before asking for a token.
+	if s.opt.ManualClock != nil {
+		add(http.MethodPost, "/v0/test/clock", authBearer, bodyJSON, handleTestClock)
+	}
 }
 
 // ---- parameters ----
@@ -711,9 +715,6 @@ func handleMetrics(c *call) error {
 
 func handleTestClock(c *call) error {
 	mc := c.s.opt.ManualClock
-	if mc == nil {
-		return errRouteMissing
-	}
 	f, err := parseBody(c.body, "advance")
 	if err != nil {
 		return err

@@ -102,6 +102,9 @@ func New() *Metrics {
 		m.PolicyLatency, m.PolicyDecisions, m.ApprovalOutcomes, m.ApprovalWait, m.StepsSubmitted, m.ExecutionsCreated,
 		m.ExecutionsCompleted, m.WorkerErrors, m.RateLimitDecisions, m.HTTPRequests, m.HTTPDuration, m.StreamConnections,
 		m.StoreCommitBatchSize, m.StoreCommitSeconds, m.Checkpoints, m.CheckpointFailures, m.Forks, m.ForkDuration)
+	for _, w := range []string{"dispatcher", "lease_reclaim", "deadline", "approval_expiry", "idempotency_sweep", "retention"} {
+		m.WorkerErrors.WithLabelValues(w)
+	}
 	for _, v := range []string{"true", "false"} {
 		m.ReplayTotal.WithLabelValues(v)
 	}
