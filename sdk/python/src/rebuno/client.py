@@ -39,9 +39,11 @@ _list = builtins.list
 
 DEFAULT_BASE_URL = "http://localhost:8080"
 
-# A long wait is a sequence of kernel-side waits of at most this long each
-# (the kernel holds one for 60 s at most; proxies often cut idle requests at 60 s).
+# A long wait is a sequence of kernel-side waits of at most WAIT_SLICE seconds
+# each, by default: the kernel holds a request for MAX_WAIT seconds at most,
+# and proxies often cut idle requests at 60 s.
 WAIT_SLICE = 30.0
+MAX_WAIT = 60.0
 
 
 class _SSE:
@@ -78,15 +80,21 @@ class Client:
 
     `base_url` defaults to `REBUNO_URL` (else `http://localhost:8080`),
     `token` to `REBUNO_BEARER_TOKEN` (dev kernels without a token accept any).
+    `wait_slice` is the longest the kernel holds one request of `wait` or
+    `run`, in seconds; a longer wait is a sequence of such requests.
     """
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 30.0,
-                 retries: int = 4, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+                 retries: int = 4, transport: httpx2.AsyncBaseTransport | None = None,
+                 wait_slice: float = WAIT_SLICE) -> None:
+        if not 0 < wait_slice <= MAX_WAIT:
+            raise ValueError(f"wait_slice must be above 0 and at most {MAX_WAIT:g} seconds")
         self.base_url = (base_url or os.environ.get("REBUNO_URL") or DEFAULT_BASE_URL).rstrip("/")
         token = token if token is not None else os.environ.get("REBUNO_BEARER_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._retries = max(0, retries)
         self._timeout = timeout
+        self._wait_slice = wait_slice
         self._http = httpx2.AsyncClient(base_url=self.base_url, headers=headers, timeout=httpx2.Timeout(timeout),
                                         transport=transport, follow_redirects=False)
 
@@ -184,9 +192,9 @@ class Client:
     async def wait(self, execution_id: str, *, timeout: float | None = None) -> Execution:
         """The execution once it is terminal; `TimeoutError` after `timeout`
         seconds (the execution goes on). Each request is held by the kernel
-        until the execution ends, at most `WAIT_SLICE` seconds: no polling."""
+        until the execution ends, at most `wait_slice` seconds: no polling."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return await self._wait_from(await self._get_waiting(execution_id, _slice(deadline)), deadline)
+        return await self._wait_from(await self._get_waiting(execution_id, self._slice(deadline)), deadline)
 
     async def run(self, agent_id: str, input: Any = None, *, timeout: float | None = None,
                   agent_version: str | None = None, idempotency_key: str | None = None,
@@ -194,7 +202,7 @@ class Client:
         """Run an agent to its end and return the execution's output.
 
         One request creates the execution and waits for it (more only when it
-        runs longer than `WAIT_SLICE` seconds). Raises `ExecutionFailedError`
+        runs longer than `wait_slice` seconds). Raises `ExecutionFailedError`
         when it fails or is cancelled, `TimeoutError` after `timeout` seconds
         (the execution goes on: its id is in the message). A fresh
         `Idempotency-Key` per call (or the one given) makes retries safe.
@@ -202,11 +210,17 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         ex = await self._create(agent_id, input, agent_version=agent_version, idempotency_key=idempotency_key,
                                 parent_execution_id=parent_execution_id, on_behalf_of=on_behalf_of,
-                                wait=_slice(deadline))
+                                wait=self._slice(deadline))
         ex = await self._wait_from(ex, deadline)
         if ex.status != "completed":
             raise ExecutionFailedError(ex)
         return ex.output
+
+    def _slice(self, deadline: float | None) -> float:
+        """The next kernel-side wait: the slice, or what is left until `deadline`."""
+        if deadline is None:
+            return self._wait_slice
+        return max(0.0, min(self._wait_slice, deadline - time.monotonic()))
 
     async def _get_waiting(self, execution_id: str, wait: float) -> Execution:
         return Execution.model_validate(await self._json(
@@ -222,7 +236,7 @@ class Client:
         while not ex.terminal:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"execution {ex.id} is still {ex.status}")
-            wait = _slice(deadline)
+            wait = self._slice(deadline)
             started = time.monotonic()
             ex = await self._get_waiting(ex.id, wait)
             if not ex.terminal and time.monotonic() - started < wait / 2:
@@ -384,13 +398,6 @@ class Client:
         except httpx2.TransportError:
             return False
         return resp.status_code == 200
-
-
-def _slice(deadline: float | None) -> float:
-    """The next kernel-side wait: `WAIT_SLICE`, or what is left until `deadline`."""
-    if deadline is None:
-        return WAIT_SLICE
-    return max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
 
 
 def _wait_params(wait: float) -> dict[str, str] | None:

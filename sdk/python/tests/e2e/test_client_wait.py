@@ -10,7 +10,6 @@ from typing import Any, AsyncIterator
 import httpx2
 import pytest
 
-import rebuno.client
 from rebuno import Agent, Client, ExecutionFailedError, tool
 
 from .harness import KernelProcess, Served, register, serve_agent
@@ -108,7 +107,7 @@ async def test_run_raises_when_the_execution_fails_or_is_cancelled(kernel_proc: 
             assert (cancelled.value.status, cancelled.value.reason) == ("cancelled", "client_cancelled")
 
 
-async def test_wait_is_held_by_the_kernel(kernel_proc: KernelProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_wait_is_held_by_the_kernel(kernel_proc: KernelProcess) -> None:
     agent, gate = gated_agent(kernel_proc, "slow")
     rec = Recording()
     async for _ in served(kernel_proc, agent):
@@ -119,21 +118,26 @@ async def test_wait_is_held_by_the_kernel(kernel_proc: KernelProcess, monkeypatc
             with pytest.raises(TimeoutError, match=ex.id):
                 await client.wait(ex.id, timeout=0.3)
             assert rec.calls()[before:] == [("GET", f"/v0/executions/{ex.id}", "300ms")]
-            # A long wait is a sequence of held requests: with 50 ms slices,
-            # the gate opens once three of them have been sent.
-            monkeypatch.setattr(rebuno.client, "WAIT_SLICE", 0.05)
-            before = len(rec.requests)
+        # A long wait is a sequence of held requests: with 50 ms slices, the
+        # gate opens once three of them have been sent.
+        rec = Recording()
+        async with Client(kernel_proc.url, transport=rec, wait_slice=0.05) as client:
             waiting = asyncio.create_task(client.wait(ex.id))
-            await rec.until(before + 3)
+            await rec.until(3)
             gate.set()
             done = await asyncio.wait_for(waiting, 20)
             assert done.status == "completed" and done.output == {"doubled": 10}
-            calls = rec.calls()[before:]
+            calls = rec.calls()
             assert len(calls) >= 3 and all(c == ("GET", f"/v0/executions/{ex.id}", "50ms") for c in calls)
             # A terminal execution: one request, answered at once.
-            before = len(rec.requests)
             assert (await client.wait(ex.id)).output == {"doubled": 10}
-            assert len(rec.requests) == before + 1
+            assert len(rec.requests) == len(calls) + 1
+
+
+def test_wait_slice_is_bounded() -> None:
+    for bad in (0, -1, 61):
+        with pytest.raises(ValueError):
+            Client("http://kernel.test", wait_slice=bad)
 
 
 async def test_wait_pauses_for_a_kernel_that_does_not_hold() -> None:
