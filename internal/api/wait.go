@@ -11,7 +11,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Waiting requests (docs/protocol/executions.md §3): a read or a create with
+// Waiting requests (docs/protocol/executions.md §3.1): a read or a create with
 // wait= is held until the execution is terminal or the wait has passed, then
 // answered with the execution as it is. Each held request counts against
 // --max-waits, so that waiters cannot exhaust the process.

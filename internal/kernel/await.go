@@ -8,7 +8,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// MaxWait bounds one waiting read (docs/protocol/executions.md §3): a
+// MaxWait bounds one waiting read (docs/protocol/executions.md §3.1): a
 // longer wait is cut to it, and a client that wants to wait longer asks
 // again. It stays within the 60 s a plain answer may take to write
 // (docs/protocol/http.md §9), which the HTTP layer renews after the wait.
@@ -21,7 +21,7 @@ const MaxWait = 60 * time.Second
 var awaitRecheck = 5 * time.Second
 
 // AwaitExecution reads an execution as soon as it is terminal, or as it is
-// once wait (cut to MaxWait) has passed or stop is closed (docs/protocol/executions.md §3).
+// once wait (cut to MaxWait) has passed or stop is closed (docs/protocol/executions.md §3.1).
 // It is woken by the commit that ends the execution, on this process or,
 // through the store's notifier, on another one; it never polls the store
 // but for the slow awaitRecheck. When ctx ends first (the client went
