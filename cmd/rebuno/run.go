@@ -117,7 +117,7 @@ func (p *process) run(o opened) error {
 	}
 
 	handler := api.New(k, api.Options{BearerToken: s.BearerToken, RequireV1: s.RequireV1, MaxBodyBytes: s.MaxBodyBytes,
-		MaxStreams: s.MaxStreams, Logger: log, ManualClock: p.manual,
+		MaxStreams: s.MaxStreams, MaxWaits: s.MaxWaits, Logger: log, ManualClock: p.manual,
 		ListenAddr: s.ListenAddr, AllowedHosts: s.AllowedHosts, AllowedOrigins: s.AllowedOrigins})
 	ln, err := net.Listen("tcp", s.ListenAddr)
 	if err != nil {

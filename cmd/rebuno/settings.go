@@ -37,6 +37,7 @@ type settings struct {
 	CleanupInterval      time.Duration
 	MaxBodyBytes         int64
 	MaxStreams           int64
+	MaxWaits             int64
 	MaxSteps             int64
 	MaxExecutionBytes    int64
 	ShutdownTimeout      time.Duration
@@ -233,6 +234,7 @@ func (s *settings) kernelSettings(listenAddr string, server bool) []setting {
 		{flag: "cleanup-interval", env: "REBUNO_CLEANUP_INTERVAL", def: "10m", usage: "retention sweep interval", parse: durationAtLeast(&s.CleanupInterval, 0, true)},
 		{flag: "max-body-bytes", env: "REBUNO_MAX_BODY_BYTES", def: "10485760", usage: "largest request body", parse: intAtLeast(&s.MaxBodyBytes, 65536)},
 		{flag: "max-streams", env: "REBUNO_MAX_STREAMS", def: "1000", usage: "open SSE connections", parse: intAtLeast(&s.MaxStreams, 1)},
+		{flag: "max-waits", env: "REBUNO_MAX_WAITS", def: "1000", usage: "requests held waiting for an execution to end (wait=)", parse: intAtLeast(&s.MaxWaits, 1)},
 		{flag: "max-steps-per-execution", env: "REBUNO_MAX_STEPS_PER_EXECUTION", def: "100000", usage: "steps one execution may record", parse: intAtLeast(&s.MaxSteps, 1)},
 		{flag: "max-execution-bytes", env: "REBUNO_MAX_EXECUTION_BYTES", def: "1073741824", usage: "bytes one execution may store", parse: intAtLeast(&s.MaxExecutionBytes, 1)},
 		{flag: "shutdown-timeout", env: "REBUNO_SHUTDOWN_TIMEOUT", def: "10s", usage: "grace for in-flight requests at shutdown", parse: durationAtLeast(&s.ShutdownTimeout, 0, true)},

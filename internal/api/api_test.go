@@ -53,7 +53,7 @@ func newEnv(t *testing.T, setup ...func(o *Options)) *env {
 	t.Cleanup(func() { st.Close() })
 	clk := clock.NewManual(t0)
 	k := kernel.New(kernel.Options{Store: st, Clock: clk, Config: kernel.DefaultConfig(), Logger: quiet})
-	o := Options{MaxBodyBytes: 10 << 20, MaxStreams: 100, Logger: quiet}
+	o := Options{MaxBodyBytes: 10 << 20, MaxStreams: 100, MaxWaits: 100, Logger: quiet}
 	for _, f := range setup {
 		f(&o)
 	}

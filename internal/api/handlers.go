@@ -133,9 +133,24 @@ func handleCreate(c *call) error {
 		req.IdempotencyKey = key
 		req.BodyHash = bodyHash(f.obj, "idempotency_key")
 	}
+	wait, err := c.waitParam()
+	if err != nil {
+		return err
+	}
+	if wait > 0 {
+		// Held before anything is created: a refused wait creates nothing.
+		release, err := c.holdWait()
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	e, err := c.s.k.CreateExecution(c.ctx(), req)
 	if err != nil {
 		return err
+	}
+	if wait > 0 {
+		return c.answerWhenEnded(e.ID, wait, http.StatusCreated)
 	}
 	c.writeJSON(http.StatusCreated, renderExecution(e).Bytes())
 	return nil
@@ -231,6 +246,18 @@ func handleGet(c *call) error {
 	id, err := c.executionID()
 	if err != nil {
 		return err
+	}
+	wait, err := c.waitParam()
+	if err != nil {
+		return err
+	}
+	if wait > 0 {
+		release, err := c.holdWait()
+		if err != nil {
+			return err
+		}
+		defer release()
+		return c.answerWhenEnded(id, wait, http.StatusOK)
 	}
 	e, err := c.s.k.GetExecution(c.ctx(), c.caller, id)
 	if err != nil {

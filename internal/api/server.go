@@ -29,7 +29,9 @@ type Options struct {
 	RequireV1    bool
 	MaxBodyBytes int64
 	MaxStreams   int64
-	Logger       *slog.Logger
+	// MaxWaits bounds the requests held until an execution ends (wait.go).
+	MaxWaits int64
+	Logger   *slog.Logger
 	// ManualClock enables POST /v0/test/clock (test builds only).
 	ManualClock *clock.Manual
 	// ListenAddr, AllowedHosts and AllowedOrigins drive the checks that keep
@@ -46,6 +48,7 @@ type Server struct {
 	log      *slog.Logger
 	routes   router
 	streams  atomic.Int64
+	waits    atomic.Int64
 	draining atomic.Bool
 	// shutdown is closed when the kernel stops, ending every stream at once.
 	shutdown chan struct{}
@@ -84,7 +87,13 @@ type call struct {
 	principal kernel.Principal // of a bearer caller
 	requestID string
 	status    int
+	// waited marks a request held by wait=: it is measured apart from the
+	// route's plain answers (docs/protocol/operations.md §1.2).
+	waited bool
 }
+
+// answerWriteTimeout bounds the writing of a non-streaming answer (docs/protocol/http.md §9).
+const answerWriteTimeout = 60 * time.Second
 
 func (c *call) log() *slog.Logger {
 	return c.s.log.With(slog.String("request_id", c.requestID), slog.String("method", c.r.Method), slog.String("path", c.r.URL.Path))
@@ -122,6 +131,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				c.writeError(errors.New("panic"))
 			}
 		}
+		if c.waited {
+			pattern += waitedRouteSuffix
+		}
 		level := slog.LevelDebug
 		if c.status >= 400 {
 			level = slog.LevelInfo
@@ -154,7 +166,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.route, c.params = rt, params
 	if !rt.streaming {
 		// Non-streaming routes get the 60 s write timeout of docs/protocol/http.md §9.
-		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(60 * time.Second))
+		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWriteTimeout))
 	}
 	if err := c.readBody(); err != nil {
 		c.writeError(err)

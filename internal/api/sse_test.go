@@ -307,7 +307,7 @@ func TestDeltaStream(t *testing.T) {
 	if resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("Content-Type = %q", resp.Header.Get("Content-Type"))
 	}
-	waitUntil(t, "the delta subscription", func() bool { _, d := v.k.Subscriptions(); return d == 1 })
+	waitUntil(t, "the delta subscription", func() bool { _, _, d := v.k.Subscriptions(); return d == 1 })
 	if err := v.k.StreamDelta(v.ctx, kernel.Caller{Agent: "a1"}, e.ID, dec.StepID, kernel.DispatchHeaders{}, 3, "héllo \"w\"\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -325,11 +325,11 @@ func TestDeltaStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitClosed(t)
-	waitUntil(t, "the delta subscription to go", func() bool { _, d := v.k.Subscriptions(); return d == 0 })
+	waitUntil(t, "the delta subscription to go", func() bool { _, _, d := v.k.Subscriptions(); return d == 0 })
 	if _, resp := openStream(t, srv, target, nil); resp.StatusCode != 204 {
 		t.Fatalf("delta stream of a terminal execution = %d", resp.StatusCode)
 	}
-	if tails, deltas := v.k.Subscriptions(); tails != 0 || deltas != 0 {
+	if tails, _, deltas := v.k.Subscriptions(); tails != 0 || deltas != 0 {
 		t.Fatalf("hub entries left: %d, %d", tails, deltas)
 	}
 }

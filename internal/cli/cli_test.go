@@ -219,9 +219,13 @@ func TestReportFormats(t *testing.T) {
 		t.Fatalf("%d %q", code, b.String())
 	}
 	b.Reset()
-	if code := Report(&b, &EndedError{ID: "x", Status: "failed"}); code != 4 || b.Len() != 0 {
+	if code := Report(&b, &EndedError{ID: "x", Status: "failed", Reason: "r"}); code != 4 || b.Len() != 0 {
 		t.Fatalf("%d %q", code, b.String())
 	}
+	if code := Report(&b, &EndedError{ID: "x", Status: "failed", Reason: "boom", Explain: true}); code != 4 || b.String() != "error: execution x ended failed: boom\n" {
+		t.Fatalf("%d %q", code, b.String())
+	}
+	b.Reset()
 	if code := Report(&b, &UnreachableError{URL: "u", Cause: "c"}); code != 3 {
 		t.Fatal(code)
 	}

@@ -61,14 +61,23 @@ func (e *UnreachableError) Error() string {
 	return fmt.Sprintf("cannot reach the kernel at %s: %s", e.URL, e.Cause)
 }
 
-// EndedError reports that a watched execution ended failed or cancelled:
-// exit 4. The timeline has already said why, so nothing more is printed.
+// EndedError reports that a watched or awaited execution ended failed or
+// cancelled: exit 4. After a watch the timeline has already said why, so
+// nothing more is printed; Explain asks Report to say it.
 type EndedError struct {
 	ID     string
 	Status string
+	// Reason is the execution's failure_reason, printed with Explain.
+	Reason  string
+	Explain bool
 }
 
-func (e *EndedError) Error() string { return "execution " + e.ID + " ended " + e.Status }
+func (e *EndedError) Error() string {
+	if e.Reason == "" {
+		return "execution " + e.ID + " ended " + e.Status
+	}
+	return "execution " + e.ID + " ended " + e.Status + ": " + e.Reason
+}
 
 // ExitCode maps an error to the exit code of docs/protocol/configuration.md §6.2.
 func ExitCode(err error) int {
@@ -104,7 +113,10 @@ func Report(w io.Writer, err error) int {
 	var ee *EndedError
 	switch {
 	case errors.As(err, &ee):
-		// The timeline already shows the failure or cancellation.
+		// After a watch the timeline already shows the failure or cancellation.
+		if ee.Explain {
+			fmt.Fprintf(w, "error: %s\n", ee.Error())
+		}
 	case errors.As(err, &ue):
 		fmt.Fprintf(w, "error: %s\n", ue.Msg)
 		if ue.Cmd != "" {

@@ -30,6 +30,7 @@ func (a *App) execCommand() *cobra.Command {
 			"An execution id may be given in full or as a unique suffix of at least six hex digits\n" +
 			"(the short id `rebuno exec ls` shows).",
 		Example: "  rebuno exec create researcher '{\"topic\":\"durable agents\"}' --watch\n" +
+			"  rebuno exec create researcher '{\"topic\":\"durable agents\"}' --wait | jq .summary\n" +
 			"  rebuno exec ls --status running\n" +
 			"  rebuno exec watch 9c2e41f7\n" +
 			"  rebuno exec events 9c2e41f7 --json | jq .type",
@@ -65,16 +66,21 @@ func plural(n int) string {
 
 func (a *App) execCreate() *cobra.Command {
 	var version string
-	var watch bool
+	var watch, wait bool
 	c := &cobra.Command{
 		Use:   "create <agent_id> [input]",
 		Short: "Start an execution of an agent",
 		Long: "Start an execution of an agent on an input.\n\n" +
 			"The input is JSON text, - to read it from standard input, or @FILE to read it from a\n" +
-			"file; it defaults to {}. With --watch the timeline follows until the execution ends.",
+			"file; it defaults to {}. With --watch the timeline follows until the execution ends.\n" +
+			"With --wait nothing is printed until the execution ends; then its output (JSON) is\n" +
+			"printed, or, when it failed or was cancelled, the reason, with exit status 4. The\n" +
+			"kernel holds each request until the execution ends (no polling), for at most\n" +
+			"--timeout minus 5 s at a time.",
 		Example: "  rebuno exec create researcher '{\"topic\":\"durable agents\"}'\n" +
 			"  echo '{\"topic\":\"x\"}' | rebuno exec create researcher -\n" +
-			"  rebuno exec create researcher @input.json --watch",
+			"  rebuno exec create researcher @input.json --watch\n" +
+			"  rebuno exec create researcher @input.json --wait > output.json",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 1 || len(args) > 2 {
 				return usagef(cmd, "%s takes an agent id and an optional input, got %d arguments", cmd.CommandPath(), len(args))
@@ -82,6 +88,9 @@ func (a *App) execCreate() *cobra.Command {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if watch && wait {
+				return usagef(cmd, "--watch and --wait cannot be used together")
+			}
 			input := []byte("{}")
 			if len(args) == 2 {
 				var err error
@@ -99,7 +108,15 @@ func (a *App) execCreate() *cobra.Command {
 				return err
 			}
 			ctx := ctxOf(cmd)
-			r, err := cl.Do(ctx, http.MethodPost, "/v0/executions", b)
+			path := "/v0/executions"
+			if wait {
+				path += "?wait=" + a.waitParam()
+			}
+			r, err := cl.Do(ctx, http.MethodPost, path, b)
+			if err == ErrInterrupted && wait {
+				a.errf("stopped waiting; the execution goes on (%s lists it)\n", a.cmdline("exec ls --agent "+args[0]))
+				return nil
+			}
 			if err != nil {
 				var ae *APIError
 				if asAPI(err, &ae) && ae.Status == 404 {
@@ -110,6 +127,9 @@ func (a *App) execCreate() *cobra.Command {
 			}
 			var e Execution
 			json.Unmarshal(r.Body, &e)
+			if wait {
+				return a.awaitEnd(ctx, cl, &e, r.Body)
+			}
 			switch {
 			case a.json:
 				writeJSONLine(a.Out(), r.Body)
@@ -130,7 +150,52 @@ func (a *App) execCreate() *cobra.Command {
 	}
 	c.Flags().StringVar(&version, "agent-version", "", "agent version to record on the execution")
 	c.Flags().BoolVar(&watch, "watch", false, "follow the timeline until the execution ends (exit 4 if it fails or is cancelled)")
+	c.Flags().BoolVar(&wait, "wait", false, "wait until the execution ends and print its output (exit 4 if it fails or is cancelled)")
 	return c
+}
+
+// waitParam is the wait= of one request the kernel holds (docs/protocol/executions.md §3.1):
+// --timeout less a margin for the answer (5 s, or half of a shorter
+// timeout), and at most the kernel's 60 s.
+func (a *App) waitParam() string {
+	held := min(a.timeout-min(5*time.Second, a.timeout/2), kernelMaxWait)
+	return strconv.FormatInt(held.Milliseconds(), 10) + "ms"
+}
+
+// kernelMaxWait is the longest the kernel holds a waiting request.
+const kernelMaxWait = 60 * time.Second
+
+// awaitEnd waits until execution e (raw as read) has ended, through reads
+// the kernel holds, then prints its output, or the whole execution with
+// --json. A failed or cancelled execution is exit 4 with its reason.
+func (a *App) awaitEnd(ctx context.Context, cl *Client, e *Execution, raw []byte) error {
+	for !wire.ExecTerminal(e.Status) {
+		var next Execution
+		var err error
+		raw, err = cl.GetJSON(ctx, "/v0/executions/"+e.ID+"?wait="+a.waitParam(), &next)
+		if err == nil {
+			*e = next
+		}
+		if err == ErrInterrupted {
+			a.errf("stopped waiting for %s (it goes on; %s shows it)\n", ShortID(e.ID), a.cmdline("exec get "+ShortID(e.ID)))
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case a.json:
+		writeJSONLine(a.Out(), raw)
+	case e.Status == wire.ExecCompleted && a.tty:
+		a.printf("%s\n", indentJSON(e.Output))
+	case e.Status == wire.ExecCompleted:
+		writeJSONLine(a.Out(), e.Output)
+	}
+	if e.Status != wire.ExecCompleted {
+		return &EndedError{ID: e.ID, Status: e.Status, Reason: e.FailureReason, Explain: true}
+	}
+	return nil
 }
 
 // readInput reads the input argument: JSON text, - (stdin) or @file.

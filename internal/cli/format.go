@@ -169,6 +169,16 @@ func prettyJSON(raw []byte, width int) string {
 	return "\n    " + b.String()
 }
 
+// indentJSON lays a JSON value out on indented lines for a terminal (key
+// order and number literals untouched); invalid JSON is returned as is.
+func indentJSON(raw []byte) string {
+	var b bytes.Buffer
+	if json.Indent(&b, bytes.TrimSpace(raw), "", "  ") != nil {
+		return string(bytes.TrimSpace(raw))
+	}
+	return b.String()
+}
+
 // labelJSON prints "label value" lines for a JSON value (see prettyJSON).
 func labelJSON(w io.Writer, label string, raw []byte, width int) {
 	v := prettyJSON(raw, width)

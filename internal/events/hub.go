@@ -1,6 +1,7 @@
-// Package events fans out two kinds of news to HTTP streams on this replica:
+// Package events fans out news to HTTP requests waiting on this replica:
 // "an execution's log grew" (the SSE tail then reads the store, which stays
-// the source of truth) and live step deltas, which are never stored.
+// the source of truth), "an execution ended" (a waiting read then reads it)
+// and live step deltas, which are never stored.
 package events
 
 import "sync"
@@ -20,33 +21,44 @@ const DeltaBuffer = 64
 // last subscriber leaves, so nothing is kept for executions nobody watches.
 type Hub struct {
 	mu     sync.Mutex
-	tails  map[string]map[*Tail]struct{}
+	tails  signalSets
+	ends   signalSets
 	deltas map[string]map[*DeltaSub]struct{}
 }
 
+// signalSets holds the Tails of each execution for one kind of news.
+type signalSets map[string]map[*Tail]struct{}
+
 // NewHub returns an empty hub.
 func NewHub() *Hub {
-	return &Hub{tails: map[string]map[*Tail]struct{}{}, deltas: map[string]map[*DeltaSub]struct{}{}}
+	return &Hub{tails: signalSets{}, ends: signalSets{}, deltas: map[string]map[*DeltaSub]struct{}{}}
 }
 
-// Tail is a subscription to log growth of one execution.
+// Tail is a subscription to one kind of news about one execution: the
+// growth of its log (SubscribeTail) or its end (SubscribeEnd).
 type Tail struct {
-	// C receives a value when new events may exist. It holds at most one
-	// pending signal: several commits before the reader wakes coalesce.
-	C   chan struct{}
-	hub *Hub
-	id  string
+	// C receives a value when the news may have happened. It holds at most
+	// one pending signal: several commits before the reader wakes coalesce.
+	C    chan struct{}
+	hub  *Hub
+	sets signalSets
+	id   string
 }
 
 // SubscribeTail registers interest in executionID's log.
-func (h *Hub) SubscribeTail(executionID string) *Tail {
-	t := &Tail{C: make(chan struct{}, 1), hub: h, id: executionID}
+func (h *Hub) SubscribeTail(executionID string) *Tail { return h.subscribe(h.tails, executionID) }
+
+// SubscribeEnd registers interest in executionID becoming terminal.
+func (h *Hub) SubscribeEnd(executionID string) *Tail { return h.subscribe(h.ends, executionID) }
+
+func (h *Hub) subscribe(sets signalSets, executionID string) *Tail {
+	t := &Tail{C: make(chan struct{}, 1), hub: h, sets: sets, id: executionID}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	set := h.tails[executionID]
+	set := sets[executionID]
 	if set == nil {
 		set = map[*Tail]struct{}{}
-		h.tails[executionID] = set
+		sets[executionID] = set
 	}
 	set[t] = struct{}{}
 	return t
@@ -56,24 +68,37 @@ func (h *Hub) SubscribeTail(executionID string) *Tail {
 func (t *Tail) Close() {
 	t.hub.mu.Lock()
 	defer t.hub.mu.Unlock()
-	if set := t.hub.tails[t.id]; set != nil {
+	if set := t.sets[t.id]; set != nil {
 		delete(set, t)
 		if len(set) == 0 {
-			delete(t.hub.tails, t.id)
+			delete(t.sets, t.id)
 		}
 	}
+}
+
+// signal wakes every Tail of executionID in sets; the caller holds h.mu.
+func (sets signalSets) signal(executionID string) {
+	for t := range sets[executionID] {
+		select {
+		case t.C <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// NotifyEnd signals every end subscription of executionID that it may
+// have become terminal.
+func (h *Hub) NotifyEnd(executionID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ends.signal(executionID)
 }
 
 // Notify signals every tail of executionID that its log grew.
 func (h *Hub) Notify(executionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for t := range h.tails[executionID] {
-		select {
-		case t.C <- struct{}{}:
-		default:
-		}
-	}
+	h.tails.signal(executionID)
 	// A terminal execution's delta consumers end too; they wake on the same
 	// news and check the status themselves.
 	for d := range h.deltas[executionID] {
@@ -131,9 +156,10 @@ func (h *Hub) PublishDelta(executionID string, delta Delta) {
 	}
 }
 
-// Counts reports open subscriptions, for tests of the memory bound.
-func (h *Hub) Counts() (tails, deltas int) {
+// Counts reports the executions with open subscriptions of each kind, for
+// tests of the memory bound.
+func (h *Hub) Counts() (tails, ends, deltas int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.tails), len(h.deltas)
+	return len(h.tails), len(h.ends), len(h.deltas)
 }

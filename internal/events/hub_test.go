@@ -58,37 +58,37 @@ func TestNotifyReachesOnlyItsExecution(t *testing.T) {
 	}
 	// Nobody listens: nothing happens and nothing is created.
 	h.Notify("nobody")
-	if tails, deltas := h.Counts(); tails != 2 || deltas != 2 {
+	if tails, _, deltas := h.Counts(); tails != 2 || deltas != 2 {
 		t.Fatalf("Counts() = %d, %d after notifying an unwatched execution, want 2, 2", tails, deltas)
 	}
 }
 
 func TestCloseRemovesEntries(t *testing.T) {
 	h := NewHub()
-	if tails, deltas := h.Counts(); tails != 0 || deltas != 0 {
+	if tails, _, deltas := h.Counts(); tails != 0 || deltas != 0 {
 		t.Fatalf("a new hub counts %d, %d", tails, deltas)
 	}
 	t1, t2, t3 := h.SubscribeTail("a"), h.SubscribeTail("a"), h.SubscribeTail("b")
 	d1, d2 := h.SubscribeDeltas("a"), h.SubscribeDeltas("c")
-	if tails, deltas := h.Counts(); tails != 2 || deltas != 2 {
+	if tails, _, deltas := h.Counts(); tails != 2 || deltas != 2 {
 		t.Fatalf("Counts() = %d, %d, want 2 executions with tails and 2 with delta consumers", tails, deltas)
 	}
 	t1.Close()
-	if tails, _ := h.Counts(); tails != 2 {
+	if tails, _, _ := h.Counts(); tails != 2 {
 		t.Fatalf("closing one of two tails of an execution removed its entry (tails = %d)", tails)
 	}
 	t2.Close()
 	t3.Close()
 	d1.Close()
 	d2.Close()
-	if tails, deltas := h.Counts(); tails != 0 || deltas != 0 {
+	if tails, _, deltas := h.Counts(); tails != 0 || deltas != 0 {
 		t.Fatalf("Counts() = %d, %d after every Close, want 0, 0", tails, deltas)
 	}
 	// Closing twice is harmless and does not disturb newer subscribers.
 	t4 := h.SubscribeTail("a")
 	t1.Close()
 	d1.Close()
-	if tails, _ := h.Counts(); tails != 1 {
+	if tails, _, _ := h.Counts(); tails != 1 {
 		t.Fatalf("a repeated Close removed another subscriber (tails = %d)", tails)
 	}
 	h.Notify("a")
@@ -99,7 +99,7 @@ func TestCloseRemovesEntries(t *testing.T) {
 		t.Fatal("a closed tail was still signalled")
 	}
 	t4.Close()
-	if tails, deltas := h.Counts(); tails != 0 || deltas != 0 {
+	if tails, _, deltas := h.Counts(); tails != 0 || deltas != 0 {
 		t.Fatalf("Counts() = %d, %d, want 0, 0", tails, deltas)
 	}
 }
@@ -124,7 +124,7 @@ func TestPublishDeltaDelivers(t *testing.T) {
 	}
 	// A delta published with nobody listening is simply dropped.
 	h.PublishDelta("nobody", Delta{StepID: "x"})
-	if tails, deltas := h.Counts(); tails != 0 || deltas != 2 {
+	if tails, _, deltas := h.Counts(); tails != 0 || deltas != 2 {
 		t.Fatalf("Counts() = %d, %d", tails, deltas)
 	}
 	a1.Close()
@@ -189,16 +189,45 @@ func TestHubConcurrentUse(t *testing.T) {
 			id := fmt.Sprint("e", g%3)
 			for i := 0; i < 200; i++ {
 				tail := h.SubscribeTail(id)
+				end := h.SubscribeEnd(id)
 				sub := h.SubscribeDeltas(id)
 				h.Notify(id)
+				h.NotifyEnd(id)
 				h.PublishDelta(id, Delta{Seq: int64(i)})
 				tail.Close()
+				end.Close()
 				sub.Close()
 			}
 		}(g)
 	}
 	wg.Wait()
-	if tails, deltas := h.Counts(); tails != 0 || deltas != 0 {
-		t.Fatalf("Counts() = %d, %d after concurrent subscribe/close, want 0, 0", tails, deltas)
+	if tails, ends, deltas := h.Counts(); tails != 0 || ends != 0 || deltas != 0 {
+		t.Fatalf("Counts() = %d, %d, %d after concurrent subscribe/close, want 0, 0, 0", tails, ends, deltas)
+	}
+}
+
+// End subscriptions hear only of ends, and tails only of log growth: a
+// waiting read is not woken by every step of the execution it waits for.
+func TestEndsAreSeparateFromTails(t *testing.T) {
+	h := NewHub()
+	tail, end, other := h.SubscribeTail("a"), h.SubscribeEnd("a"), h.SubscribeEnd("b")
+	h.Notify("a")
+	if pending(end.C) != 0 || pending(tail.C) != 1 {
+		t.Fatalf("after Notify: end %d, tail %d signals; want 0, 1", pending(end.C), pending(tail.C))
+	}
+	h.NotifyEnd("a")
+	h.NotifyEnd("a")
+	if pending(end.C) != 1 || pending(other.C) != 0 || pending(tail.C) != 1 {
+		t.Fatalf("after NotifyEnd twice: end %d, other execution's end %d, tail %d signals; want 1, 0, 1",
+			pending(end.C), pending(other.C), pending(tail.C))
+	}
+	if tails, ends, _ := h.Counts(); tails != 1 || ends != 2 {
+		t.Fatalf("Counts() = %d tails, %d ends; want 1, 2", tails, ends)
+	}
+	end.Close()
+	other.Close()
+	tail.Close()
+	if tails, ends, _ := h.Counts(); tails != 0 || ends != 0 {
+		t.Fatalf("Counts() = %d tails, %d ends after Close; want 0, 0", tails, ends)
 	}
 }

@@ -141,6 +141,8 @@ func (k *Kernel) hear(n store.Notification) {
 	switch n.Topic {
 	case store.TopicEvents:
 		k.hub.Notify(n.Key)
+	case store.TopicEnded:
+		k.hub.NotifyEnd(n.Key)
 	case store.TopicDispatch:
 		k.wakeDispatcher()
 	case store.TopicDelta:
@@ -320,8 +322,11 @@ func (o *op) terminate(status, reason, cause string) error {
 	if err := o.tx.DeleteExecutionMarks(o.ctx, e.ID); err != nil {
 		return fmt.Errorf("delete rate-limit marks: %w", err)
 	}
-	m := o.k.metrics
-	o.tx.AfterCommit(func() { m.ExecutionsCompleted.WithLabelValues(status).Inc() })
+	m, n := o.k.metrics, o.k.notifier
+	o.tx.AfterCommit(func() {
+		m.ExecutionsCompleted.WithLabelValues(status).Inc()
+		n.Notify(store.Notification{Topic: store.TopicEnded, Key: e.ID})
+	})
 	return nil
 }
 

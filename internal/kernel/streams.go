@@ -24,9 +24,9 @@ func (k *Kernel) SubscribeDeltas(executionID string) *events.DeltaSub {
 	return k.hub.SubscribeDeltas(executionID)
 }
 
-// Subscriptions counts the executions with open tails and delta consumers,
-// for tests of the memory bound (docs/protocol/operations.md §2.3).
-func (k *Kernel) Subscriptions() (tails, deltas int) { return k.hub.Counts() }
+// Subscriptions counts the executions with open tails, waiting reads and
+// delta consumers, for tests of the memory bound (docs/protocol/operations.md §2.3).
+func (k *Kernel) Subscriptions() (tails, waits, deltas int) { return k.hub.Counts() }
 
 // StreamEvents reads events after afterSeq for a stream whose caller was
 // authorised when it opened (GetExecution): each page is its own short read.

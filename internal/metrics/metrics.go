@@ -34,6 +34,7 @@ type Metrics struct {
 	HTTPRequests         *prometheus.CounterVec
 	HTTPDuration         *prometheus.HistogramVec
 	StreamConnections    *prometheus.GaugeVec
+	WaitingReads         prometheus.Gauge
 	StoreCommitBatchSize prometheus.Histogram
 	StoreCommitSeconds   prometheus.Histogram
 	Checkpoints          prometheus.Counter
@@ -84,6 +85,8 @@ func New() *Metrics {
 			Help: "HTTP request duration by route pattern and status.", Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}, []string{"route", "status"}),
 		StreamConnections: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "stream_connections",
 			Help: "Open SSE connections."}, []string{"kind"}),
+		WaitingReads: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "waiting_reads",
+			Help: "Requests held until an execution ends (reads and creates with wait)."}),
 		StoreCommitBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "store_commit_batch_size",
 			Help: "Transactions sharing one physical commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 9)}),
 		StoreCommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "store_commit_seconds",
@@ -101,7 +104,7 @@ func New() *Metrics {
 		m.ReplayTotal, m.DispatchOutcomes, m.DispatchLatency, m.DispatchesReclaimed, m.DispatchSuperseded, m.QueueDepth,
 		m.PolicyLatency, m.PolicyDecisions, m.ApprovalOutcomes, m.ApprovalWait, m.StepsSubmitted, m.ExecutionsCreated,
 		m.ExecutionsCompleted, m.WorkerErrors, m.RateLimitDecisions, m.HTTPRequests, m.HTTPDuration, m.StreamConnections,
-		m.StoreCommitBatchSize, m.StoreCommitSeconds, m.Checkpoints, m.CheckpointFailures, m.Forks, m.ForkDuration)
+		m.WaitingReads, m.StoreCommitBatchSize, m.StoreCommitSeconds, m.Checkpoints, m.CheckpointFailures, m.Forks, m.ForkDuration)
 	for _, w := range []string{"dispatcher", "lease_reclaim", "deadline", "approval_expiry", "idempotency_sweep", "retention"} {
 		m.WorkerErrors.WithLabelValues(w)
 	}

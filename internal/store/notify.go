@@ -8,6 +8,8 @@ import "sync"
 const (
 	// TopicEvents: the log of execution Key grew (SSE tails re-read it).
 	TopicEvents = "events"
+	// TopicEnded: execution Key became terminal (waiting reads re-read it).
+	TopicEnded = "ended"
 	// TopicDispatch: a dispatch became due (dispatchers look for work).
 	TopicDispatch = "dispatch"
 	// TopicDelta: a live delta of a running step of execution Key; Data is

@@ -433,3 +433,61 @@ func TestDatabaseLostAnswers503(t *testing.T) {
 	k.Execution(id)
 	k.CreateExecution("lost-agent", "{}")
 }
+
+// A read waiting on one replica is answered when the execution ends on
+// another: the end notification crosses replicas, and the wait does not
+// depend on its slow re-read (5 s) to see it. So is a create that waits.
+func TestWaitAcrossReplicas(t *testing.T) {
+	_, ks := replicas(t, 2)
+	r1, r2 := ks[0], ks[1]
+	a := r1.NewAgent("wait-agent", "")
+	id := r1.CreateExecution("wait-agent", `{"n":1}`)
+	lease := deliver(t, r1, a, id)
+
+	answered := make(chan *kt.Response, 1)
+	go func() { answered <- r2.Do("GET", "/v0/executions/"+id+"?wait=60s", nil, nil) }()
+	waitGauge(t, r2, 1)
+	finished := time.Now()
+	a.Finish(id, lease, `{"answer":42}`)
+	r := <-answered
+	took := time.Since(finished)
+	if e := r2.Must(200, r).Map(t); e["status"] != "completed" || !strings.Contains(string(r.Body), `"output":{"answer":42}`) {
+		t.Fatalf("the waiting read on the other replica answered %s", r.Body)
+	}
+	t.Logf("a read waiting on another replica was answered %s after the completion was", took)
+	if took > 4*time.Second {
+		t.Errorf("answered %s after the completion: no notification woke the wait (its re-read is every 5 s)", took)
+	}
+
+	// Create and wait on r2; the agent answers through r1.
+	done := make(chan *kt.Response, 1)
+	go func() {
+		done <- r2.Do("POST", "/v0/executions?wait=60s", []byte(`{"agent_id":"wait-agent","input":{"n":2}}`),
+			map[string]string{"Content-Type": "application/json"})
+	}()
+	var wh kt.Webhook
+	select {
+	case wh = <-a.Webhooks:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no webhook for the created execution within 30s")
+	}
+	waitEvent(t, r1, wh.ExecutionID, func(e kt.Event) bool { return e.Type == "dispatch.acked" })
+	a.Finish(wh.ExecutionID, kt.LeaseOf(wh), `"done"`)
+	r = <-done
+	if e := r2.Must(201, r).Map(t); e["id"] != wh.ExecutionID || e["status"] != "completed" || e["output"] != "done" {
+		t.Fatalf("create and wait on the other replica answered %s", r.Body)
+	}
+}
+
+// waitGauge waits until the replica holds n waiting requests.
+func waitGauge(t *testing.T, k *kt.Kernel, n int) {
+	t.Helper()
+	want := fmt.Sprintf("\nrebuno_waiting_reads %d\n", n)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(string(k.Must(200, k.Do("GET", "/metrics", nil, nil)).Body), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica does not hold %d waiting requests within 30s", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

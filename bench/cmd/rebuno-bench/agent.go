@@ -250,19 +250,25 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	if ch, ok := r.waiting[wh.ExecutionID]; ok {
 		delete(r.waiting, wh.ExecutionID)
 		ch <- wh
+	} else if ch, ok := r.waiting[anyExecution]; ok {
+		delete(r.waiting, anyExecution)
+		ch <- wh
 	} else {
 		r.early[wh.ExecutionID] = wh
 	}
 	r.mu.Unlock()
 }
 
+// anyExecution, passed to wait, takes the next delivery of any execution:
+// for a metric whose client learns the id only at the end (create and wait).
+const anyExecution = "*"
+
 // wait returns the next delivery for an execution, which may already have
 // arrived.
 func (r *receiver) wait(ctx context.Context, execID string, timeout time.Duration) (webhook, error) {
 	ch := make(chan webhook, 1)
 	r.mu.Lock()
-	if wh, ok := r.early[execID]; ok {
-		delete(r.early, execID)
+	if wh, ok := r.takeEarly(execID); ok {
 		r.mu.Unlock()
 		return wh, nil
 	}
@@ -289,6 +295,21 @@ func (r *receiver) wait(ctx context.Context, execID string, timeout time.Duratio
 		return webhook{}, ctx.Err()
 	}
 	return webhook{}, errors.New("no webhook for execution " + execID + " within " + timeout.String())
+}
+
+// takeEarly removes and returns a delivery for execID (any execution's for
+// anyExecution) that arrived before anyone waited for it; r.mu is held.
+func (r *receiver) takeEarly(execID string) (webhook, bool) {
+	if execID != anyExecution {
+		wh, ok := r.early[execID]
+		delete(r.early, execID)
+		return wh, ok
+	}
+	for id, wh := range r.early {
+		delete(r.early, id)
+		return wh, true
+	}
+	return webhook{}, false
 }
 
 // start creates an execution and waits for its first delivery. It returns

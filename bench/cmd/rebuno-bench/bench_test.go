@@ -129,7 +129,7 @@ func TestHarnessSmoke(t *testing.T) {
 		P5Base: 100, P5Large: 500, P5Steps: 1, JSON: jsonPath, TmpDir: t.TempDir(), GOMAXPROCS: 1,
 	}
 	r, out := runHarness(t, cfg)
-	if len(r.Metrics) != 5 || r.KernelVersion == "" || strings.HasPrefix(r.KernelVersion, "unknown") || r.FsyncSamples == 0 {
+	if len(r.Metrics) != 6 || r.KernelVersion == "" || strings.HasPrefix(r.KernelVersion, "unknown") || r.FsyncSamples == 0 {
 		t.Fatalf("report header: %+v\n%s", r, out.String())
 	}
 	byID := map[string]*metricResult{}
@@ -158,6 +158,16 @@ func TestHarnessSmoke(t *testing.T) {
 	p3 := byID["P3"]
 	if len(p3.Latencies) != 4 || p3.Latencies[0].N == 0 || p3.Latencies[2].N == 0 {
 		t.Errorf("P3 latencies %+v", p3.Latencies)
+	}
+	wait := byID["WAIT"]
+	if len(wait.Latencies) != 6 || wait.Latencies[0].N == 0 || wait.Latencies[3].N == 0 {
+		t.Errorf("WAIT latencies %+v", wait.Latencies)
+	}
+	if v := wait.Values[0]; !strings.HasPrefix(v.Name, "requests per result, create and wait") || v.Value != 1 {
+		t.Errorf("WAIT: %+v, want exactly one request per result", v)
+	}
+	if v := wait.Values[1]; !strings.HasPrefix(v.Name, "requests per result, create then") || v.Value != 2 {
+		t.Errorf("WAIT: %+v, want two requests per result", v)
 	}
 	p4 := byID["P4"]
 	if len(p4.Latencies) != 4 || !strings.Contains(p4.Latencies[3].Name, "3000 steps") {

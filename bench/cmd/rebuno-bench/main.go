@@ -1,7 +1,7 @@
 // Command rebuno-bench is the benchmark harness of docs/protocol/conformance.md §4. It starts
 // the kernel binary on a fresh SQLite file pinned to one core, drives it over
 // HTTP loopback from this process (pinned to the other core) as a client and
-// as an agent with a real webhook receiver, and reports P1–P5 with the
+// as an agent with a real webhook receiver, and reports P1–P5 and WAIT with the
 // conditions they were measured under. Targets are reported, never asserted:
 // the exit status is 0 whenever the measurements could be made.
 //
@@ -49,7 +49,7 @@ type config struct {
 	GOMAXPROCS   int
 }
 
-var allMetrics = []string{"P1", "P2", "P3", "P4", "P5"}
+var allMetrics = []string{"P1", "P2", "P3", "WAIT", "P4", "P5"}
 
 // optionalMetrics run only when -only names them.
 var optionalMetrics = []string{"FORK", "CEIL"}
@@ -62,7 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Long, "long", false, "make bench-long: 60s windows after 10s warm-up, and P5 up to 1,000,000 executions")
 	fs.DurationVar(&c.Warmup, "warmup", 5*time.Second, "warm-up before each measured window (default 10s with -long)")
 	fs.DurationVar(&c.Duration, "duration", 20*time.Second, "measured window per metric (default 60s with -long)")
-	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,P4,P5, and FORK and CEIL, which run only when named); P1–P5 when empty")
+	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,WAIT,P4,P5, and FORK and CEIL, which run only when named); all but FORK and CEIL when empty")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "concurrent executions for P2 and P5")
 	fs.IntVar(&c.StepsPerExec, "steps-per-execution", 10000, "P1/P2: an execution is completed and replaced after this many steps")
 	fs.DurationVar(&c.P3Interval, "p3-load-interval", 50*time.Millisecond, "P3 under load: one probe execution every this long")
@@ -107,7 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			ok = ok || m == known
 		}
 		if !ok {
-			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5, FORK or CEIL)", m)
+			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5, WAIT, FORK or CEIL)", m)
 		}
 		c.Only[m] = true
 	}
@@ -267,7 +267,7 @@ func run(ctx context.Context, cfg *config, pin pinning, out io.Writer) error {
 		id  string
 		run func(context.Context) *metricResult
 	}{
-		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK}, {"CEIL", b.runCEIL},
+		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"WAIT", b.runWAIT}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK}, {"CEIL", b.runCEIL},
 	}
 	for _, m := range metrics {
 		if !cfg.runs(m.id) {

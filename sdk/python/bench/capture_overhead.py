@@ -181,7 +181,7 @@ async def run(n: int, warmup: int, files: int, size: int, restores: int, workdir
         async with Served(agent.app) as served, kernel.client() as client:
             await register(kernel, "bench-capture", served.url + "/webhook", SECRET)
             ex = await client.create("bench-capture", {"n": n, "warmup": warmup})
-            done = await client.wait(ex.id, timeout=900, poll_interval=0.05)
+            done = await client.wait(ex.id, timeout=900)
             assert done.status == "completed", done
             events = await client.all_events(ex.id)
     finally:

@@ -66,7 +66,7 @@ async def run(n: int, workdir: Path) -> dict[str, Any]:
         async with Served(agent.app) as served, kernel.client() as client:
             await register(kernel, "bench", served.url + "/webhook", SECRET)
             ex = await client.create("bench", {"n": n})
-            done = await client.wait(ex.id, timeout=600, poll_interval=0.05)
+            done = await client.wait(ex.id, timeout=600)
             assert done.status == "completed", done
     finally:
         kernel.stop()

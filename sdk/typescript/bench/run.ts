@@ -166,7 +166,7 @@ async function overhead(kernel: Kernel, n: number): Promise<Record<string, numbe
   try {
     await client.registerAgent("bench-overhead", `http://127.0.0.1:${agent.address!.port}/webhook`, SECRET);
     const ex = await client.create("bench-overhead", { n });
-    const done = await client.wait(ex.id, { timeout: 600_000, pollInterval: 50 });
+    const done = await client.wait(ex.id, { timeout: 600_000 });
     if (done.status !== "completed") throw new Error(`overhead run ${done.status}: ${done.failureReason}`);
   } finally {
     await agent.close();

@@ -2,6 +2,7 @@
  * `Client`: the bearer-token API for operators, UIs, scripts and tests.
  *
  *     const client = new Client("http://localhost:8080");
+ *     const answer = await client.run("researcher", { prompt: "hi" }); // the output
  *     const ex = await client.create("researcher", { prompt: "hi" });
  *     for await (const event of client.streamEvents(ex.id)) console.log(event.eventSeq, event.type);
  *
@@ -9,16 +10,36 @@
  * `ConflictError`, ...). Connection errors and `503` are retried with
  * backoff; a create or fork is retried under the same `Idempotency-Key`, so
  * a lost answer never makes a second one.
+ *
+ * Awaiting a result costs one request: the kernel holds a read with `wait=`
+ * until the execution ends (docs/protocol/executions.md §3.1), so `wait` and
+ * `run` never poll.
  */
 
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { apiError, ExecutionTerminalError, UnavailableError } from "./errors.js";
+import { apiError, ExecutionFailedError, ExecutionTerminalError, UnavailableError } from "./errors.js";
 import {
   type AgentInfo, agentFromWire, type Approval, approvalFromWire, type CoveragePoint, coveragePointFromWire, type CoverageRanges,
   coverageRangesFromWire, deltaFromWire, type Event, eventFromWire, type Execution, executionFromWire, type ExecutionPage,
   pageFromWire, type Step, stepFromWire, type StreamDelta,
 } from "./types.js";
+
+/**
+ * The longest the kernel holds one request of `wait` or `run` by default
+ * (ms): it holds one for `MAX_WAIT` at most, and proxies often cut idle
+ * requests at 60 s. A longer wait is a sequence of such requests.
+ */
+export const WAIT_SLICE = 30_000;
+export const MAX_WAIT = 60_000;
+
+/** The options `create` and `run` share. */
+export interface CreateOptions {
+  agentVersion?: string;
+  idempotencyKey?: string;
+  parentExecutionId?: string;
+  onBehalfOf?: string;
+}
 
 export interface ClientOptions {
   /** Default `REBUNO_BEARER_TOKEN` (dev kernels without a token accept any). */
@@ -27,6 +48,8 @@ export interface ClientOptions {
   timeout?: number | undefined;
   /** Retries of transport failures and `503`; default 4. */
   retries?: number | undefined;
+  /** The longest one held request of `wait` or `run` (ms); default `WAIT_SLICE`, at most `MAX_WAIT`. */
+  waitSlice?: number | undefined;
 }
 
 type Query = Record<string, string | number | boolean | undefined>;
@@ -35,6 +58,8 @@ interface RequestInitish {
   body?: unknown;
   query?: Query | undefined;
   headers?: Record<string, string> | undefined;
+  /** How long the kernel may hold the request (`wait=`, ms), added to the timeout. */
+  held?: number | undefined;
 }
 
 /** Parses `text/event-stream` lines into (event, data) frames. */
@@ -67,9 +92,13 @@ export class Client {
   private readonly headers: Record<string, string>;
   private readonly timeout: number;
   private readonly retries: number;
+  private readonly waitSlice: number;
 
   /** `baseUrl` defaults to `REBUNO_URL`, else `http://localhost:8080`. */
   constructor(baseUrl?: string, options: ClientOptions = {}) {
+    const waitSlice = options.waitSlice ?? WAIT_SLICE;
+    if (!(waitSlice > 0 && waitSlice <= MAX_WAIT)) throw new RangeError(`waitSlice must be above 0 and at most ${MAX_WAIT} ms`);
+    this.waitSlice = waitSlice;
     this.baseUrl = (baseUrl || process.env.REBUNO_URL || "http://localhost:8080").replace(/\/+$/, "");
     const token = options.token ?? process.env.REBUNO_BEARER_TOKEN;
     this.headers = token ? { Authorization: `Bearer ${token}` } : {};
@@ -93,7 +122,7 @@ export class Client {
       let resp: Response;
       try {
         resp = await fetch(this.url(path, init.query), {
-          method, body, redirect: "manual", signal: AbortSignal.timeout(this.timeout),
+          method, body, redirect: "manual", signal: AbortSignal.timeout(Math.ceil(this.timeout + (init.held ?? 0))),
           headers: { "Content-Type": "application/json", ...this.headers, ...init.headers },
         });
       } catch (e) {
@@ -125,15 +154,20 @@ export class Client {
   // --------------------------------------------------------- executions
 
   /** Start an execution. A fresh `Idempotency-Key` is used per call (or the one given) and reused on retries. */
-  async create(agentId: string, input: unknown = null, options: {
-    agentVersion?: string; idempotencyKey?: string; parentExecutionId?: string; onBehalfOf?: string;
-  } = {}): Promise<Execution> {
+  async create(agentId: string, input: unknown = null, options: CreateOptions = {}): Promise<Execution> {
+    return this.createWaiting(agentId, input, options, 0);
+  }
+
+  /** Create an execution; with `wait` (ms) the kernel answers once it has ended or `wait` has passed. */
+  private async createWaiting(agentId: string, input: unknown, options: CreateOptions, wait: number): Promise<Execution> {
     const body: Record<string, unknown> = { agent_id: agentId, input };
     if (options.agentVersion !== undefined) body.agent_version = options.agentVersion;
     if (options.parentExecutionId !== undefined) body.parent_execution_id = options.parentExecutionId;
     if (options.onBehalfOf !== undefined) body.on_behalf_of = options.onBehalfOf;
     const key = options.idempotencyKey ?? randomUUID().replaceAll("-", "");
-    return executionFromWire(await this.json("POST", "/v0/executions", { body, headers: { "Idempotency-Key": key } }));
+    return executionFromWire(await this.json("POST", "/v0/executions", {
+      body, headers: { "Idempotency-Key": key }, query: waitQuery(wait), held: wait,
+    }));
   }
 
   async get(executionId: string): Promise<Execution> {
@@ -162,15 +196,65 @@ export class Client {
     await this.request("POST", `/v0/executions/${executionId}/cancel`);
   }
 
-  /** Poll until the execution is terminal; rejects after `timeout` ms. */
-  async wait(executionId: string, options: { timeout?: number; pollInterval?: number } = {}): Promise<Execution> {
-    const deadline = options.timeout === undefined ? Infinity : Date.now() + options.timeout;
-    for (;;) {
-      const ex = await this.get(executionId);
-      if (ex.terminal) return ex;
-      if (Date.now() >= deadline) throw new Error(`execution ${executionId} is still ${ex.status}`);
-      await sleep(options.pollInterval ?? 100);
+  /**
+   * The execution once it is terminal; rejects with an `Error` named
+   * `TimeoutError` after `timeout` ms (the execution goes on). Each request
+   * is held by the kernel until the execution ends, at most `waitSlice` ms:
+   * no polling.
+   */
+  async wait(executionId: string, options: { timeout?: number } = {}): Promise<Execution> {
+    const deadline = options.timeout === undefined ? Infinity : performance.now() + options.timeout;
+    return this.waitFrom(await this.getWaiting(executionId, this.slice(deadline)), deadline);
+  }
+
+  /**
+   * Run an agent to its end and resolve to the execution's output. One
+   * request creates the execution and waits for it (more only when it runs
+   * longer than `waitSlice`). Rejects with `ExecutionFailedError` when it
+   * fails or is cancelled, with an `Error` named `TimeoutError` after
+   * `timeout` ms (the execution goes on; its id is in the message). A fresh
+   * `Idempotency-Key` per call (or the one given) makes retries safe.
+   */
+  async run(agentId: string, input: unknown = null, options: CreateOptions & { timeout?: number } = {}): Promise<unknown> {
+    const deadline = options.timeout === undefined ? Infinity : performance.now() + options.timeout;
+    const ex = await this.waitFrom(await this.createWaiting(agentId, input, options, this.slice(deadline)), deadline);
+    if (ex.status !== "completed") throw new ExecutionFailedError(ex);
+    return ex.output;
+  }
+
+  /** The next kernel-side wait, whole ms: the slice, or what is left until `deadline` (a `performance.now()` instant). */
+  private slice(deadline: number): number {
+    return Math.max(0, Math.round(Math.min(this.waitSlice, deadline - performance.now())));
+  }
+
+  private async getWaiting(executionId: string, wait: number): Promise<Execution> {
+    return executionFromWire(await this.json("GET", `/v0/executions/${executionId}`, { query: waitQuery(wait), held: wait }));
+  }
+
+  /** Wait on from `ex`, as last read, until it is terminal or `deadline` passes. */
+  private async waitFrom(ex: Execution, deadline: number): Promise<Execution> {
+    // A kernel that answers before the wait is over without an end (one
+    // older than waiting reads, or one shutting down) is asked again only
+    // after a pause, so that such a kernel is not asked in a loop.
+    let pause = 100;
+    while (!ex.terminal) {
+      if (performance.now() >= deadline) {
+        const err = new Error(`execution ${ex.id} is still ${ex.status}`);
+        err.name = "TimeoutError";
+        throw err;
+      }
+      const wait = this.slice(deadline);
+      const started = performance.now();
+      ex = await this.getWaiting(ex.id, wait);
+      const took = performance.now() - started;
+      if (!ex.terminal && took < wait / 2) {
+        await sleep(Math.min(pause * (0.5 + Math.random() / 2), wait - took));
+        pause = Math.min(1000, pause * 2);
+      } else {
+        pause = 100;
+      }
     }
+    return ex;
   }
 
   // ------------------------------------------------------------- events
@@ -339,6 +423,11 @@ export class Client {
       return false;
     }
   }
+}
+
+/** The `wait` parameter for a kernel-side wait of `wait` whole ms; none for 0. */
+function waitQuery(wait: number): Query | undefined {
+  return wait > 0 ? { wait: `${wait}ms` } : undefined;
 }
 
 function decisionBody(options: { decidedBy?: string; rationale?: string }): Record<string, string> {

@@ -7,9 +7,14 @@
  * - **API errors**, from `Client` and from agent requests the kernel
  *   refuses: `APIError` and one subclass per envelope `code`.
  *
+ * `ExecutionFailedError` is thrown by `Client.run` when the execution it ran
+ * ended without an output.
+ *
  * `raiseForRefusal()` turns a kernel refusal that reached a provider SDK as a
  * synthetic HTTP response back into one of the first family.
  */
+
+import type { Execution } from "./types.js";
 
 export const REFUSAL_MARKER = "rebuno_refusal";
 
@@ -97,6 +102,26 @@ export class Terminated extends RebunoError {
  * once with `checkpoint_unavailable: resource "<key>": <message>`.
  */
 export class CheckpointUnavailable extends RebunoError {}
+
+/**
+ * `Client.run` ran an execution that ended `failed` or `cancelled`.
+ * `execution` is the execution as it ended; `status` and `reason` (its
+ * `failureReason`: the agent's text, `dispatch_exhausted`,
+ * `client_cancelled`, `deadline_exceeded`, ...) are copied from it.
+ */
+export class ExecutionFailedError extends RebunoError {
+  readonly execution: Execution;
+  readonly executionId: string;
+  readonly status: string;
+  readonly reason: string | undefined;
+  constructor(execution: Execution) {
+    super(`execution ${execution.id} ${execution.status}` + (execution.failureReason ? `: ${execution.failureReason}` : ""));
+    this.execution = execution;
+    this.executionId = execution.id;
+    this.status = execution.status;
+    this.reason = execution.failureReason;
+  }
+}
 
 // ------------------------------------------------------------- API errors
 

@@ -11,9 +11,9 @@
  */
 
 export { Agent, failureReason, MAX_WEBHOOK_BODY, type AgentOptions, type Handler, type HandlerOptions, type ServeOptions } from "./agent.js";
-export { Client, type ClientOptions } from "./client.js";
+export { Client, MAX_WAIT, WAIT_SLICE, type ClientOptions, type CreateOptions } from "./client.js";
 export {
-  APIError, apiError, Blocked, CheckpointUnavailable, ConflictError, ExecutionTerminalError, ForbiddenError, InternalServerError,
+  APIError, apiError, Blocked, CheckpointUnavailable, ConflictError, ExecutionFailedError, ExecutionTerminalError, ForbiddenError, InternalServerError,
   LeaseSupersededError, MethodNotAllowedError, NotFoundError, PayloadTooLargeError, PolicyError, raiseForRefusal, RateLimited,
   RebunoError, Terminated, ToolError, UnauthorizedError, UnavailableError, UnsupportedMediaTypeError, ValidationError,
 } from "./errors.js";

@@ -1,6 +1,7 @@
 """`Client`: the bearer-token API for operators, UIs and scripts.
 
     async with Client("http://localhost:8080") as client:
+        answer = await client.run("researcher", {"prompt": "hi"})   # the output
         ex = await client.create("researcher", {"prompt": "hi"})
         async for event in client.stream_events(ex.id):
             print(event.event_seq, event.type)
@@ -9,6 +10,10 @@ Errors are typed by the envelope's code (`NotFoundError`, `ConflictError`,
 ...). Connection errors, timeouts and `503` are retried with backoff; a
 create is retried under the same `Idempotency-Key`, so a lost answer never
 creates a second execution.
+
+Awaiting a result costs one request: the kernel holds a read with `wait=`
+until the execution ends (docs/protocol/executions.md §3.1), so `wait` and
+`run` never poll.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, AsyncIterator, Mapping
 import httpx2
 
 from ._backoff import Backoff
-from .errors import ExecutionTerminalError, UnavailableError, api_error
+from .errors import ExecutionFailedError, ExecutionTerminalError, UnavailableError, api_error
 from .types import (AgentInfo, Approval, CoveragePoint, CoverageRanges, Event, Execution, ExecutionPage, Step,
                     StreamDelta, StreamEnd)
 
@@ -33,6 +38,12 @@ __all__ = ["Client"]
 _list = builtins.list
 
 DEFAULT_BASE_URL = "http://localhost:8080"
+
+# A long wait is a sequence of kernel-side waits of at most WAIT_SLICE seconds
+# each, by default: the kernel holds a request for MAX_WAIT seconds at most,
+# and proxies often cut idle requests at 60 s.
+WAIT_SLICE = 30.0
+MAX_WAIT = 60.0
 
 
 class _SSE:
@@ -69,14 +80,21 @@ class Client:
 
     `base_url` defaults to `REBUNO_URL` (else `http://localhost:8080`),
     `token` to `REBUNO_BEARER_TOKEN` (dev kernels without a token accept any).
+    `wait_slice` is the longest the kernel holds one request of `wait` or
+    `run`, in seconds; a longer wait is a sequence of such requests.
     """
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 30.0,
-                 retries: int = 4, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+                 retries: int = 4, transport: httpx2.AsyncBaseTransport | None = None,
+                 wait_slice: float = WAIT_SLICE) -> None:
+        if not 0 < wait_slice <= MAX_WAIT:
+            raise ValueError(f"wait_slice must be above 0 and at most {MAX_WAIT:g} seconds")
         self.base_url = (base_url or os.environ.get("REBUNO_URL") or DEFAULT_BASE_URL).rstrip("/")
         token = token if token is not None else os.environ.get("REBUNO_BEARER_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._retries = max(0, retries)
+        self._timeout = timeout
+        self._wait_slice = wait_slice
         self._http = httpx2.AsyncClient(base_url=self.base_url, headers=headers, timeout=httpx2.Timeout(timeout),
                                         transport=transport, follow_redirects=False)
 
@@ -92,16 +110,18 @@ class Client:
     # ------------------------------------------------------------- core
 
     async def _request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
-                       headers: Mapping[str, str] | None = None) -> httpx2.Response:
+                       headers: Mapping[str, str] | None = None, held: float = 0.0) -> httpx2.Response:
         """Send a request, retrying transport errors and `503`; raise the typed
-        error for any other non-2xx answer."""
+        error for any other non-2xx answer. `held` is how long the kernel may
+        hold the request (`wait=`), added to the timeout."""
+        timeout = httpx2.Timeout(self._timeout + held) if held else httpx2.USE_CLIENT_DEFAULT
         content = None if body is None else json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         backoff = Backoff()
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                resp = await self._http.request(method, path, content=content, params=clean or None,
+                resp = await self._http.request(method, path, content=content, params=clean or None, timeout=timeout,
                                                 headers={"Content-Type": "application/json", **(headers or {})})
             except httpx2.TransportError:
                 if last:
@@ -128,14 +148,22 @@ class Client:
                      on_behalf_of: str | None = None) -> Execution:
         """Start an execution. A fresh `Idempotency-Key` is used per call (or
         the one given) and reused on retries."""
+        return await self._create(agent_id, input, agent_version=agent_version, idempotency_key=idempotency_key,
+                                  parent_execution_id=parent_execution_id, on_behalf_of=on_behalf_of)
+
+    async def _create(self, agent_id: str, input: Any, *, agent_version: str | None, idempotency_key: str | None,
+                      parent_execution_id: str | None, on_behalf_of: str | None, wait: float = 0.0) -> Execution:
+        """Create an execution; with `wait` the kernel answers once it has
+        ended or `wait` seconds have passed (create and wait)."""
         body: dict[str, Any] = {"agent_id": agent_id, "input": input}
         for name, value in (("agent_version", agent_version), ("parent_execution_id", parent_execution_id),
                             ("on_behalf_of", on_behalf_of)):
             if value is not None:
                 body[name] = value
         key = idempotency_key or uuid.uuid4().hex
-        return Execution.model_validate(
-            await self._json("POST", "/v0/executions", body=body, headers={"Idempotency-Key": key}))
+        return Execution.model_validate(await self._json(
+            "POST", "/v0/executions", body=body, headers={"Idempotency-Key": key}, params=_wait_params(wait),
+            held=wait))
 
     async def get(self, execution_id: str) -> Execution:
         return Execution.model_validate(await self._json("GET", f"/v0/executions/{execution_id}"))
@@ -161,16 +189,61 @@ class Client:
     async def cancel(self, execution_id: str) -> None:
         await self._request("POST", f"/v0/executions/{execution_id}/cancel")
 
-    async def wait(self, execution_id: str, *, timeout: float | None = None, poll_interval: float = 0.1) -> Execution:
-        """Poll until the execution is terminal; `TimeoutError` after `timeout` seconds."""
+    async def wait(self, execution_id: str, *, timeout: float | None = None) -> Execution:
+        """The execution once it is terminal; `TimeoutError` after `timeout`
+        seconds (the execution goes on). Each request is held by the kernel
+        until the execution ends, at most `wait_slice` seconds: no polling."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ex = await self.get(execution_id)
-            if ex.terminal:
-                return ex
+        return await self._wait_from(await self._get_waiting(execution_id, self._slice(deadline)), deadline)
+
+    async def run(self, agent_id: str, input: Any = None, *, timeout: float | None = None,
+                  agent_version: str | None = None, idempotency_key: str | None = None,
+                  parent_execution_id: str | None = None, on_behalf_of: str | None = None) -> Any:
+        """Run an agent to its end and return the execution's output.
+
+        One request creates the execution and waits for it (more only when it
+        runs longer than `wait_slice` seconds). Raises `ExecutionFailedError`
+        when it fails or is cancelled, `TimeoutError` after `timeout` seconds
+        (the execution goes on: its id is in the message). A fresh
+        `Idempotency-Key` per call (or the one given) makes retries safe.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ex = await self._create(agent_id, input, agent_version=agent_version, idempotency_key=idempotency_key,
+                                parent_execution_id=parent_execution_id, on_behalf_of=on_behalf_of,
+                                wait=self._slice(deadline))
+        ex = await self._wait_from(ex, deadline)
+        if ex.status != "completed":
+            raise ExecutionFailedError(ex)
+        return ex.output
+
+    def _slice(self, deadline: float | None) -> float:
+        """The next kernel-side wait: the slice, or what is left until `deadline`."""
+        if deadline is None:
+            return self._wait_slice
+        return max(0.0, min(self._wait_slice, deadline - time.monotonic()))
+
+    async def _get_waiting(self, execution_id: str, wait: float) -> Execution:
+        return Execution.model_validate(await self._json(
+            "GET", f"/v0/executions/{execution_id}", params=_wait_params(wait), held=wait))
+
+    async def _wait_from(self, ex: Execution, deadline: float | None) -> Execution:
+        """Wait on from `ex`, as last read, until it is terminal or `deadline`
+        (a `time.monotonic()` instant) passes."""
+        # A kernel that answers before the wait is over without an end
+        # (one older than waiting reads, or one shutting down) is asked again
+        # only after a pause, so that such a kernel is not asked in a loop.
+        early = Backoff(ceiling=1.0)
+        while not ex.terminal:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"execution {execution_id} is still {ex.status}")
-            await asyncio.sleep(poll_interval)
+                raise TimeoutError(f"execution {ex.id} is still {ex.status}")
+            wait = self._slice(deadline)
+            started = time.monotonic()
+            ex = await self._get_waiting(ex.id, wait)
+            if not ex.terminal and time.monotonic() - started < wait / 2:
+                await asyncio.sleep(min(early.next(), max(0.0, wait - (time.monotonic() - started))))
+            else:
+                early.reset()
+        return ex
 
     # ----------------------------------------------------------- events
 
@@ -325,6 +398,12 @@ class Client:
         except httpx2.TransportError:
             return False
         return resp.status_code == 200
+
+
+def _wait_params(wait: float) -> dict[str, str] | None:
+    """The `wait` parameter for a kernel-side wait of `wait` seconds; none for 0."""
+    ms = round(wait * 1000)
+    return {"wait": f"{ms}ms"} if ms > 0 else None
 
 
 def _decision(decided_by: str | None, rationale: str | None) -> dict[str, Any]:

@@ -7,6 +7,9 @@ Two families:
 * **API errors** (raised by `Client` and by agent requests the kernel refuses):
   `APIError` and one subclass per envelope code (docs/protocol/errors.md §2).
 
+`ExecutionFailedError` is raised by `Client.run` when the execution it ran
+ended without an output.
+
 `raise_for_refusal()` turns a kernel refusal that reached a provider SDK as a
 synthetic HTTP response (docs/protocol/sdk.md §3) back into one of the first family.
 """
@@ -17,7 +20,7 @@ import json
 import re
 from typing import Any, Mapping
 
-from .types import Decision, DecisionKind
+from .types import Decision, DecisionKind, Execution
 
 __all__ = [
     "RebunoError",
@@ -27,6 +30,7 @@ __all__ = [
     "Blocked",
     "Terminated",
     "CheckpointUnavailable",
+    "ExecutionFailedError",
     "APIError",
     "ValidationError",
     "UnauthorizedError",
@@ -126,6 +130,22 @@ class CheckpointUnavailable(RebunoError):
     `checkpoint_unavailable: resource "<key>": <message>`, marks the dispatch
     terminal and re-raises it; a fork whose checkpoint is gone ends `failed`.
     """
+
+
+class ExecutionFailedError(RebunoError):
+    """`Client.run` ran an execution that ended `failed` or `cancelled`.
+
+    `execution` is the execution as it ended; `status` and `reason` (its
+    `failure_reason`: the agent's text, `dispatch_exhausted`,
+    `client_cancelled`, `deadline_exceeded`, ...) are copied from it.
+    """
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.execution_id = execution.id
+        self.status = execution.status
+        self.reason = execution.failure_reason
+        super().__init__(f"execution {execution.id} {execution.status}" + (f": {self.reason}" if self.reason else ""))
 
 
 # ---------------------------------------------------------------------------
