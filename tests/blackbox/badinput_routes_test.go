@@ -462,7 +462,8 @@ func TestBadInputPathsAndQueries(t *testing.T) {
 		{"POST", "/v0/health", "GET"},
 		{"DELETE", "/v0/ready", "GET"},
 		{"POST", "/metrics", "GET"},
-		{"GET", "/v0/test/clock", "POST"},
+		{"PUT", "/v0/keys", "GET, POST"},
+		{"POST", "/v0/keys/x", "DELETE"},
 	}
 	for _, m := range methods {
 		r := k.Do(m.method, m.path, nil, nil)
