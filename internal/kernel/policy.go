@@ -83,8 +83,8 @@ func validateBundle(text string) error {
 
 // agentTTL is how long the kernel reuses an agent's bundle text and secret
 // without reading them again; a change made on this kernel applies at once,
-// one made elsewhere within the 2 s that docs/protocol/governance.md §2.1
-// and §4.1 allow.
+// one made elsewhere within the 2 s allowed for policies
+// (docs/protocol/governance.md §2.1) and agents (docs/protocol/governance.md §4.1).
 const agentTTL = time.Second
 
 // agentBundle returns the bundle text of the execution's agent.
