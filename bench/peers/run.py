@@ -44,7 +44,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -58,6 +58,7 @@ AGENT_SECRET = "peers-bench-secret-0123456789"
 RESTATE_INGRESS, RESTATE_ADMIN, RESTATE_SERVICE = 8080, 9070, 9080
 FSYNC_EVENTS = "syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync"
 TICKS = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ processes
@@ -88,15 +89,15 @@ class Processes:
         return proc
 
     def close(self) -> None:
-        for proc in reversed(self.started):
-            _signal_group(proc, signal.SIGTERM)
-        for proc in reversed(self.started):
+        """Kill every process group: the measurements are over and the data is
+        thrown away, so nothing needs a clean stop (hypercorn takes 10 s)."""
+        for proc in self.started:
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-            _signal_group(proc, signal.SIGKILL)  # anything it left behind in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.started:
+            proc.wait()
         self.started.clear()
 
     def log_tail(self, name: str, lines: int = 30) -> str:
@@ -105,34 +106,23 @@ class Processes:
         return f"--- {path} (last {lines} lines)\n" + "\n".join(text.splitlines()[-lines:])
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_until(what: str, ready: Callable[[], bool], timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
+def _poll(what: str, probe: Callable[[], T]) -> T:
+    """Calls probe until it returns something true, and returns that."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (value := probe()):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not ready within {timeout:.0f}s")
+            raise RuntimeError(f"{what}: not ready within {START_TIMEOUT:.0f}s")
         time.sleep(0.02)
+    return value
 
 
-def _wait_for_log(procs: Processes, name: str, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
-    found: list[re.Match[str]] = []
-
-    def seen() -> bool:
+def _log_match(procs: Processes, name: str, proc: subprocess.Popen[bytes], pattern: str) -> re.Match[str]:
+    """The first match of pattern in the log of a process that is starting."""
+    def probe() -> re.Match[str] | None:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited ({proc.returncode})\n{procs.log_tail(name)}")
-        match = re.search(pattern, (procs.logs / f"{name}.log").read_text(errors="replace"))
-        if match:
-            found.append(match)
-        return bool(match)
-
-    _wait_until(name, seen)
-    return found[0]
+        return re.search(pattern, (procs.logs / f"{name}.log").read_text(errors="replace"))
+    return _poll(name, probe)
 
 
 def _listening(port: int) -> bool:
@@ -281,12 +271,17 @@ def measure(running: Running, count: int, concurrency: int, scratch: Path) -> Wi
     table = _process_table()
     trees = {role: _tree(table, pid) for role, pid in running.roles.items()}
     fsyncs = FsyncCounter(set().union(*trees.values()), scratch / "perf.out")
-    load1 = _load1()
-    table = _process_table()
-    before = {role: {pid: table[pid][1] for pid in tree if pid in table} for role, tree in trees.items()}
-    busy_before = _machine_busy_ticks()
-    seconds = running.client.run(count, concurrency)
-    busy_after = _machine_busy_ticks()
+    try:
+        load1 = _load1()
+        table = _process_table()
+        before = {role: {pid: table[pid][1] for pid in tree if pid in table} for role, tree in trees.items()}
+        busy_before = _machine_busy_ticks()
+        seconds = running.client.run(count, concurrency)
+        busy_after = _machine_busy_ticks()
+    except BaseException:
+        fsyncs.proc.kill()
+        fsyncs.proc.wait()
+        raise
     table = _process_table()
     cpu = {}
     for role, pid in running.roles.items():
@@ -345,7 +340,7 @@ def rebuno(sdk: str) -> Callable[[Bench], Running]:
         assert b.procs
         kernel = b.procs.start("kernel", [str(b.kernel), "dev", "--db", str(b.data(f"rebuno-{sdk}")) + ".db",
                                           "--listen-addr", "127.0.0.1:0", "--no-repl"], b.env())
-        url = _wait_for_log(b.procs, "kernel", r"url:\s+(http://\S+)", kernel).group(1)
+        url = _log_match(b.procs, "kernel", kernel, r"url:\s+(http://\S+)").group(1)
         port = _free_port()
         env = b.env(REBUNO_URL=url, AGENT_ID="peers-bench", PORT=str(port), REBUNO_AGENT_SECRET=AGENT_SECRET,
                     AGENT_URL=f"http://127.0.0.1:{port}/webhook")
@@ -357,7 +352,7 @@ def rebuno(sdk: str) -> Callable[[Bench], Running]:
         talk = b.procs.start("client", client, env, talk=True)
         conversation = Conversation(b.procs, "client", talk)
         served = b.procs.start("agent", agent, env)
-        _wait_until("agent", lambda: served.poll() is None and _listening(port))
+        _poll("agent", lambda: served.poll() is None and _listening(port))
         return Running({"kernel": kernel.pid, "agent": served.pid, "client": talk.pid}, conversation)
     return start
 
@@ -370,7 +365,7 @@ def restate(sdk: str) -> Callable[[Bench], Running]:
                                           b.restate_server, "--base-dir", str(b.data(f"restate-{sdk}")),
                                           "--bind-ip", "127.0.0.1", "--listen-mode", "tcp", "--no-logo"],
                                b.env(RESTATE_LOG_DISABLE_ANSI_CODES="true"))
-        _wait_for_log(b.procs, "server", r"Ingress HTTP listening", server)
+        _log_match(b.procs, "server", server, r"Ingress HTTP listening")
         inside = ["nsenter", f"--net=/proc/{server.pid}/ns/net", "--"]
         env = b.env(PORT=str(RESTATE_SERVICE), SERVICE_URL=f"http://127.0.0.1:{RESTATE_SERVICE}",
                     ADMIN_URL=f"http://127.0.0.1:{RESTATE_ADMIN}", INGRESS_URL=f"http://127.0.0.1:{RESTATE_INGRESS}")
@@ -469,45 +464,45 @@ def _cpu_model() -> str:
 # -------------------------------------------------------------------- report
 
 
-def _range(values: list[float]) -> str:
-    low, high = min(values), max(values)
-    return f"{low:,.0f}" if round(low) == round(high) else f"{low:,.0f}–{high:,.0f}"
+def _range(values: list[float], digits: int = 0) -> str:
+    low, high = (f"{v:,.{digits}f}" for v in (min(values), max(values)))
+    return low if low == high else f"{low}–{high}"
+
+
+def _median(values: list[float], digits: int = 0) -> str:
+    return f"{statistics.median(values):,.{digits}f}"
 
 
 def report(results: dict[str, list[tuple[Window, Window]]], how: dict[str, str], meta: dict[str, object]) -> str:
+    """The table (markdown) and the conditions it was measured under."""
     lines = [
-        f"{meta['executions']} executions × {STEPS} no-op durable steps, one at a time (c1) and "
-        f"{CONCURRENCY} in flight (c50); {meta['rounds']} round(s), systems in turn; steps/s as the range over "
-        "rounds, CPU (µs of each process tree per step) and fsyncs (fsync + fdatasync per step, counted by "
-        "perf) as the median.",
+        f"{meta['executions']} executions × {STEPS} no-op durable steps, one at a time (c1) and {CONCURRENCY} in "
+        f"flight (c50), {meta['rounds']} round(s) taking the systems in turn. steps/s: the range over rounds; "
+        "CPU: µs per step of each process with its descendants, from /proc, median over rounds; fsyncs: fsync + "
+        "fdatasync calls per step of all those processes, counted by perf, median; load: the 1-minute load "
+        "average when a window began, and the cores other processes on the machine used during the windows.",
         "",
-        "| system | steps/s c1 | steps/s c50 | CPU per step, c1 (µs) | CPU per step, c50 (µs) | fsyncs per step c1 · c50 |",
-        "|---|---|---|---|---|---|",
+        "| system | steps/s c1 | steps/s c50 | CPU per step, c1 (µs) | CPU per step, c50 (µs) "
+        "| fsyncs per step, c1 · c50 | load · others (cores) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for system in SYSTEMS:
         if system.key not in results:
             continue
-        c1s = [w[0] for w in results[system.key]]
-        c50s = [w[1] for w in results[system.key]]
+        c1s, c50s = ([pair[i] for pair in results[system.key]] for i in (0, 1))
+        both = c1s + c50s
 
         def cpu(windows: list[Window]) -> str:
-            return " · ".join(f"{role} {statistics.median(w.cpu_us_per_step(role) for w in windows):,.0f}"
-                              for role in windows[0].cpu)
+            return " · ".join(f"{role} {_median([w.cpu_us_per_step(role) for w in windows])}" for role in windows[0].cpu)
 
-        def fsyncs(windows: list[Window]) -> str:
-            return f"{statistics.median(w.fsyncs / w.steps for w in windows):.2f}"
-
-        lines.append(f"| {system.label} | {_range([w.steps_per_second for w in c1s])} | "
-                     f"{_range([w.steps_per_second for w in c50s])} | {cpu(c1s)} | {cpu(c50s)} | "
-                     f"{fsyncs(c1s)} · {fsyncs(c50s)} |")
-    windows = [w for pairs in results.values() for pair in pairs for w in pair]
-    lines += [
-        "",
-        f"Results awaited: {'; '.join(f'{k}: {v}' for k, v in how.items())}.",
-        f"Load average (1 min) at the start of the windows: {_range([w.load1 for w in windows])} "
-        f"(whole run: {meta['load_before']} before, {meta['load_after']} after); CPU taken by other processes "
-        f"during the windows: {min(w.others for w in windows):.2f}–{max(w.others for w in windows):.2f} cores.",
-    ]
+        lines.append(" | ".join([
+            f"| {system.label}", _range([w.steps_per_second for w in c1s]), _range([w.steps_per_second for w in c50s]),
+            cpu(c1s), cpu(c50s),
+            f"{_median([w.fsyncs / w.steps for w in c1s], 2)} · {_median([w.fsyncs / w.steps for w in c50s], 2)}",
+            f"{_range([w.load1 for w in both], 1)} · {_range([w.others for w in both], 2)} |",
+        ]))
+    lines += ["", f"Results awaited: {'; '.join(f'{k}: {v}' for k, v in how.items())}.",
+              f"Load average (1 min): {meta['load_before']} before the run, {meta['load_after']} after it."]
     lines += [f"{k}: {v}" for k, v in meta["versions"].items()]  # type: ignore[attr-defined]
     return "\n".join(lines)
 
