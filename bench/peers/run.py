@@ -405,6 +405,8 @@ SYSTEMS = [
     System("dbos-ts", "DBOS TypeScript 5.3 on Postgres 15 (in process)", dbos_ts),
     System("dbos-py", "DBOS Python 3.4 on SQLite (in process)", dbos_py),
 ]
+# The comparisons issue #26 sets targets for: each Rebuno row against the peer it must reach.
+COMPARED = [("rebuno-py", "restate-py"), ("rebuno-ts", "restate-ts"), ("rebuno-py", "dbos-py")]
 
 
 # --------------------------------------------------------------------- setup
@@ -501,6 +503,13 @@ def report(results: dict[str, list[tuple[Window, Window]]], how: dict[str, str],
             f"{_median([w.fsyncs / w.steps for w in c1s], 2)} · {_median([w.fsyncs / w.steps for w in c50s], 2)}",
             f"{_range([w.load1 for w in both], 1)} · {_range([w.others for w in both], 2)} |",
         ]))
+    def best(key: str, window: int) -> float:
+        return max(pair[window].steps_per_second for pair in results[key])
+
+    ratios = [f"{ours} ÷ {peer}: c1 {best(ours, 0) / best(peer, 0):.2f}×, c50 {best(ours, 1) / best(peer, 1):.2f}×"
+              for ours, peer in COMPARED if ours in results and peer in results]
+    if ratios:
+        lines += ["", f"Best round against best round (steps/s): {'; '.join(ratios)}."]
     lines += ["", f"Results awaited: {'; '.join(f'{k}: {v}' for k, v in how.items())}.",
               f"Load average (1 min): {meta['load_before']} before the run, {meta['load_after']} after it."]
     lines += [f"{k}: {v}" for k, v in meta["versions"].items()]  # type: ignore[attr-defined]
