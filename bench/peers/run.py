@@ -106,7 +106,7 @@ class Processes:
         return f"--- {path} (last {lines} lines)\n" + "\n".join(text.splitlines()[-lines:])
 
 
-def _poll(what: str, probe: Callable[[], T]) -> T:
+def _poll(what: str, probe: Callable[[], T | None]) -> T:
     """Calls probe until it returns something true, and returns that."""
     deadline = time.monotonic() + START_TIMEOUT
     while not (value := probe()):
@@ -405,7 +405,7 @@ SYSTEMS = [
     System("dbos-ts", "DBOS TypeScript 5.3 on Postgres 15 (in process)", dbos_ts),
     System("dbos-py", "DBOS Python 3.4 on SQLite (in process)", dbos_py),
 ]
-# The comparisons issue #26 sets targets for: each Rebuno row against the peer it must reach.
+# The comparisons the performance targets name: each Rebuno row against the peer it is held to.
 COMPARED = [("rebuno-py", "restate-py"), ("rebuno-ts", "restate-ts"), ("rebuno-py", "dbos-py")]
 
 

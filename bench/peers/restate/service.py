@@ -25,4 +25,4 @@ async def run(ctx: restate.Context, n: int) -> int:
 if __name__ == "__main__":
     config = hypercorn.config.Config()
     config.bind = [f"127.0.0.1:{os.environ['PORT']}"]
-    asyncio.run(hypercorn.asyncio.serve(restate.app(services=[bench]), config))  # type: ignore[arg-type]
+    asyncio.run(hypercorn.asyncio.serve(restate.app(services=[bench]), config))
