@@ -580,7 +580,8 @@ def main() -> int:
                     bench.procs.close()
                 results.setdefault(system.key, []).append((c1, c50))
                 print(f"round {bench.round} {system.key}: c1 {c1.steps_per_second:,.0f} steps/s, "
-                      f"c50 {c50.steps_per_second:,.0f} steps/s (load {c1.load1:.2f})", flush=True)
+                      f"c50 {c50.steps_per_second:,.0f} steps/s (load {c1.load1:.2f}; other processes "
+                      f"{c1.others:.2f} and {c50.others:.2f} cores)", flush=True)
         meta["load_after"] = _load1()
         print()
         print(report(results, how, meta))
