@@ -296,15 +296,14 @@ def measure(running: Running, count: int, concurrency: int, scratch: Path) -> Wi
 
 @dataclass
 class Bench:
-    """What every system's start needs: the temporary folder, the tools, the
-    round, and the processes of the system being measured."""
+    """What every system's start needs: the temporary folder, the tools and
+    the round."""
     tmp: Path
     kernel: Path
     sdk_python: Path
     postgres_url: str | None = None
     postmaster: int | None = None
     round: int = 0
-    procs: Processes | None = None
 
     def env(self, **extra: str) -> dict[str, str]:
         """The caller's environment without REBUNO_* (the kernel's and SDKs'
@@ -332,15 +331,14 @@ class Bench:
 class System:
     key: str
     label: str
-    start: Callable[[Bench], Running]
+    start: Callable[[Bench, Processes], Running]
 
 
-def rebuno(sdk: str) -> Callable[[Bench], Running]:
-    def start(b: Bench) -> Running:
-        assert b.procs
-        kernel = b.procs.start("kernel", [str(b.kernel), "dev", "--db", str(b.data(f"rebuno-{sdk}")) + ".db",
+def rebuno(sdk: str) -> Callable[[Bench, Processes], Running]:
+    def start(b: Bench, procs: Processes) -> Running:
+        kernel = procs.start("kernel", [str(b.kernel), "dev", "--db", str(b.data(f"rebuno-{sdk}")) + ".db",
                                           "--listen-addr", "127.0.0.1:0", "--no-repl"], b.env())
-        url = _log_match(b.procs, "kernel", kernel, r"url:\s+(http://\S+)").group(1)
+        url = _log_match(procs, "kernel", kernel, r"url:\s+(http://\S+)").group(1)
         port = _free_port()
         env = b.env(REBUNO_URL=url, AGENT_ID="peers-bench", PORT=str(port), REBUNO_AGENT_SECRET=AGENT_SECRET,
                     AGENT_URL=f"http://127.0.0.1:{port}/webhook")
@@ -349,49 +347,47 @@ def rebuno(sdk: str) -> Callable[[Bench], Running]:
         else:
             client, agent = (b.node(HERE / f"rebuno/{name}.ts") for name in ("client", "agent"))
         # The client registers the agent before it says it is ready; the agent starts registered.
-        talk = b.procs.start("client", client, env, talk=True)
-        conversation = Conversation(b.procs, "client", talk)
-        served = b.procs.start("agent", agent, env)
+        talk = procs.start("client", client, env, talk=True)
+        conversation = Conversation(procs, "client", talk)
+        served = procs.start("agent", agent, env)
         _poll("agent", lambda: served.poll() is None and _listening(port))
         return Running({"kernel": kernel.pid, "agent": served.pid, "client": talk.pid}, conversation)
     return start
 
 
-def restate(sdk: str) -> Callable[[Bench], Running]:
-    def start(b: Bench) -> Running:
-        assert b.procs
+def restate(sdk: str) -> Callable[[Bench, Processes], Running]:
+    def start(b: Bench, procs: Processes) -> Running:
         # Loopback only: restate-server asks for its latest release at start.
-        server = b.procs.start("server", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+        server = procs.start("server", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
                                           b.restate_server, "--base-dir", str(b.data(f"restate-{sdk}")),
                                           "--bind-ip", "127.0.0.1", "--listen-mode", "tcp", "--no-logo"],
                                b.env(RESTATE_LOG_DISABLE_ANSI_CODES="true"))
-        _log_match(b.procs, "server", server, r"Ingress HTTP listening")
+        _log_match(procs, "server", server, r"Ingress HTTP listening")
         inside = ["nsenter", f"--net=/proc/{server.pid}/ns/net", "--"]
         env = b.env(PORT=str(RESTATE_SERVICE), SERVICE_URL=f"http://127.0.0.1:{RESTATE_SERVICE}",
                     ADMIN_URL=f"http://127.0.0.1:{RESTATE_ADMIN}", INGRESS_URL=f"http://127.0.0.1:{RESTATE_INGRESS}")
         if sdk == "py":
-            service = b.procs.start("service", inside + [b.peers_python, str(HERE / "restate/service.py")], env)
+            service = procs.start("service", inside + [b.peers_python, str(HERE / "restate/service.py")], env)
         else:
-            service = b.procs.start("service", inside + b.node(b.tmp / "peers/restate/service.ts"), env)
+            service = procs.start("service", inside + b.node(b.tmp / "peers/restate/service.ts"), env)
         # One client for both services: it registers the deployment, then invokes.
-        talk = b.procs.start("client", inside + b.node(b.tmp / "peers/restate/client.ts"), env, talk=True)
+        talk = procs.start("client", inside + b.node(b.tmp / "peers/restate/client.ts"), env, talk=True)
         return Running({"server": server.pid, "service": service.pid, "client": talk.pid},
-                       Conversation(b.procs, "client", talk))
+                       Conversation(procs, "client", talk))
     return start
 
 
-def dbos_py(b: Bench) -> Running:
-    assert b.procs
+def dbos_py(b: Bench, procs: Processes) -> Running:
     database = str(b.data("dbos-py")) + ".sqlite"
-    app = b.procs.start("app", [b.peers_python, str(HERE / "dbos/app.py")], b.env(DATABASE=database), talk=True)
-    return Running({"app": app.pid}, Conversation(b.procs, "app", app))
+    app = procs.start("app", [b.peers_python, str(HERE / "dbos/app.py")], b.env(DATABASE=database), talk=True)
+    return Running({"app": app.pid}, Conversation(procs, "app", app))
 
 
-def dbos_ts(b: Bench) -> Running:
-    assert b.procs and b.postgres_url and b.postmaster
+def dbos_ts(b: Bench, procs: Processes) -> Running:
+    assert b.postgres_url and b.postmaster
     database = b.postgres_url.replace("/postgres?", f"/dbos_round{b.round}?")
-    app = b.procs.start("app", b.node(b.tmp / "peers/dbos/app.ts"), b.env(DATABASE=database), talk=True)
-    return Running({"app": app.pid, "postgres": b.postmaster}, Conversation(b.procs, "app", app))
+    app = procs.start("app", b.node(b.tmp / "peers/dbos/app.ts"), b.env(DATABASE=database), talk=True)
+    return Running({"app": app.pid, "postgres": b.postmaster}, Conversation(procs, "app", app))
 
 
 SYSTEMS = [
@@ -405,8 +401,24 @@ SYSTEMS = [
     System("dbos-ts", "DBOS TypeScript 5.3 on Postgres 15 (in process)", dbos_ts),
     System("dbos-py", "DBOS Python 3.4 on SQLite (in process)", dbos_py),
 ]
+
 # The comparisons the performance targets name: each Rebuno row against the peer it is held to.
 COMPARED = [("rebuno-py", "restate-py"), ("rebuno-ts", "restate-ts"), ("rebuno-py", "dbos-py")]
+
+
+def measure_system(b: Bench, system: System, count: int) -> tuple[Window, Window, str]:
+    """One round of one system: start it afresh, warm it up, measure c1 and
+    c50, kill it. Returns the windows and how the client awaits results."""
+    logs = b.tmp / "logs" / f"{system.key}-round{b.round}"
+    logs.mkdir(parents=True)
+    procs = Processes(logs)
+    try:
+        running = system.start(b, procs)
+        running.client.run(max(1, count // 20), 1)  # warm-up
+        running.client.run(min(count, CONCURRENCY), min(count, CONCURRENCY))
+        return measure(running, count, 1, logs), measure(running, count, CONCURRENCY, logs), running.client.how
+    finally:
+        procs.close()
 
 
 # --------------------------------------------------------------------- setup
@@ -566,18 +578,7 @@ def main() -> int:
         for r in range(rounds):
             bench.round = r + 1
             for system in systems[r % len(systems):] + systems[:r % len(systems)]:
-                logs = tmp / "logs" / f"{system.key}-round{bench.round}"
-                logs.mkdir(parents=True)
-                bench.procs = Processes(logs)
-                try:
-                    running = system.start(bench)
-                    how[system.key] = running.client.how
-                    running.client.run(max(1, count // 20), 1)  # warm-up
-                    running.client.run(min(count, CONCURRENCY), min(count, CONCURRENCY))
-                    c1 = measure(running, count, 1, logs)
-                    c50 = measure(running, count, CONCURRENCY, logs)
-                finally:
-                    bench.procs.close()
+                c1, c50, how[system.key] = measure_system(bench, system, count)
                 results.setdefault(system.key, []).append((c1, c50))
                 print(f"round {bench.round} {system.key}: c1 {c1.steps_per_second:,.0f} steps/s, "
                       f"c50 {c50.steps_per_second:,.0f} steps/s (load {c1.load1:.2f}; other processes "
