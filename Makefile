@@ -10,7 +10,7 @@ COMPAT_VENV := tests/compat/.venv
 # runs a command with REBUNO_TEST_POSTGRES_URL pointing at it, and stops it whatever the command does.
 PG_CLUSTER := tests/postgres/cluster.sh
 
-.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade bench bench-long demo demo-go demo-ts fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade bench bench-long bench-peers bench-peers-smoke demo demo-go demo-ts fuzz clean
 
 all: build
 
@@ -101,6 +101,18 @@ bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -long
+
+## bench-peers: Rebuno beside Restate and DBOS (bench/peers/run.py): installs the peers from npm and
+## PyPI into a temporary folder, runs the same workload against every system in alternating rounds
+## and prints one table (docs/performance.md, "Peers"). Needs root (a network namespace for
+## restate-server, perf for fsync counts). PEERS_FLAGS=--quick for a short run.
+bench-peers: build $(SDK_VENV)/.installed $(SDK_TS)/dist/index.js
+	$(PYTHON) bench/peers/run.py $(PEERS_FLAGS)
+
+## bench-peers-smoke: run.py --quick against every system, checking each was measured (on demand:
+## it downloads the peers, so it is not part of `make test`).
+bench-peers-smoke: build $(SDK_VENV)/.installed $(SDK_TS)/dist/index.js
+	$(PYTHON) bench/peers/smoke_test.py
 
 ## demo: a kernel, the Python example agent (examples/python/demo), a crash and a replay, in under a minute.
 demo: build $(SDK_VENV)/.installed
