@@ -64,14 +64,24 @@ func (t *Tail) Close() {
 	}
 }
 
-// Notify signals every tail of executionID that its log grew.
+// allExecutions keys the tails that follow every execution; no execution
+// id (a UUID) can take it.
+const allExecutions = "*"
+
+// SubscribeAll registers interest in the growth of every execution's log.
+func (h *Hub) SubscribeAll() *Tail { return h.SubscribeTail(allExecutions) }
+
+// Notify signals every tail of executionID, and every tail of all
+// executions, that its log grew.
 func (h *Hub) Notify(executionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for t := range h.tails[executionID] {
-		select {
-		case t.C <- struct{}{}:
-		default:
+	for _, key := range [2]string{executionID, allExecutions} {
+		for t := range h.tails[key] {
+			select {
+			case t.C <- struct{}{}:
+			default:
+			}
 		}
 	}
 	// A terminal execution's delta consumers end too; they wake on the same
