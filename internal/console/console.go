@@ -8,8 +8,8 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
-	"mime"
 	"net/http"
 	"path"
 	"strings"
@@ -30,6 +30,15 @@ var securityHeaders = map[string]string{
 	"X-Content-Type-Options": "nosniff",
 	"X-Frame-Options":        "DENY",
 	"Referrer-Policy":        "no-referrer",
+}
+
+// contentTypes names the types of the console's files; the system's MIME
+// tables are not consulted, so every machine serves the same.
+var contentTypes = map[string]string{
+	".html": "text/html; charset=utf-8",
+	".js":   "text/javascript; charset=utf-8",
+	".css":  "text/css; charset=utf-8",
+	".svg":  "image/svg+xml",
 }
 
 // asset is one embedded file, ready to serve.
@@ -58,9 +67,9 @@ func New() *Handler {
 			return err
 		}
 		sum := sha256.Sum256(body)
-		a := asset{body: body, contentType: mime.TypeByExtension(path.Ext(name)), etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+		a := asset{body: body, contentType: contentTypes[path.Ext(name)], etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
 		if a.contentType == "" {
-			a.contentType = "application/octet-stream"
+			return fmt.Errorf("%s: no content type for its extension", name)
 		}
 		h.assets[strings.TrimPrefix(name, "ui/")] = a
 		return nil

@@ -1,7 +1,7 @@
 // Building the page. Everything shown comes from the kernel, and much of it
 // from agents and models (tool arguments and results, LLM text, names,
 // reasons): it is only ever put into the page as text nodes, never parsed as
-// HTML. There is no innerHTML anywhere in the console.
+// HTML: no script of the console parses text as markup (a Go test checks).
 
 /** @typedef {Node | string | number | null | undefined | false | Child[]} Child */
 /** @typedef {Record<string, string | number | boolean | null | undefined | EventListener>} Attrs */
