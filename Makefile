@@ -122,6 +122,14 @@ bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	cd $(SDK_TS) && npx tsx bench/run.ts --kernel $(CURDIR)/$(BIN)/rebuno --python $(CURDIR)/$(SDK_VENV)/bin/python
 
+## bench-console: the console's numbers (docs/console.md): the first page of a 10,000-execution
+## list (server time), opening a 10,000-step timeline, and live events from commit to screen.
+bench-console: build chromium $(CONSOLE_TESTS)/node_modules/.installed
+	rm -f $(BIN)/console-seed.db
+	$(GO) run ./bench/console/seed -db $(BIN)/console-seed.db -executions 10000 -steps 10000 > $(BIN)/console-seed.json
+	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno REBUNO_CHROMIUM=$(CHROMIUM) npx tsx ../../bench/console/run.mts \
+		--seed $(CURDIR)/$(BIN)/console-seed.db --info $(CURDIR)/$(BIN)/console-seed.json
+
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -long

@@ -26,7 +26,7 @@ const markup = defineTool({ name: "render_html", execute: async () => "<img src=
 /** The policy asks a human before every email. */
 const sendEmail = defineTool({ name: "send_email", execute: async ({ to }: { to: string; body: string }) => `sent to ${to}` });
 
-type Input = { scenario: string; gate?: string; n?: number; to?: string; llm?: string };
+type Input = { scenario: string; gate?: string; n?: number; to?: string; llm?: string; pauseMs?: number };
 
 async function run(input: Input) {
   switch (input.scenario) {
@@ -41,6 +41,15 @@ async function run(input: Input) {
       return { html: await markup({}) };
     case "many":
       for (let i = 0; i < (input.n ?? 10); i++) await echo({ n: i });
+      return { steps: input.n };
+    case "paced":
+      // Steps one at a time with a pause between, after a gate: each step's
+      // events reach an open timeline on their own (bench/console).
+      await waitGate({ name: input.gate ?? "paced" });
+      for (let i = 0; i < (input.n ?? 10); i++) {
+        await echo({ n: i });
+        await new Promise((r) => setTimeout(r, input.pauseMs ?? 20));
+      }
       return { steps: input.n };
     case "workspace": {
       const workspace = await resource("workspace", { driver: new LocalDirectory(), checkpoints: { everySteps: 1 } });
