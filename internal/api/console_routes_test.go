@@ -188,8 +188,10 @@ func TestExplainRoute(t *testing.T) {
 	}
 	viewer := withKey(v.keyed("vic", wire.RoleViewer))
 	r := jsonOf(t, v.do(req{method: "POST", target: "/v0/agents/a1/explain", body: `{"kind":"tool_call","target":"send_email","args":{"to":"bob@example.org"}}`, header: viewer}), 200)
-	if r.Get("decision").Str != "allow" || r.Get("rule_id").Str != "mail" || string(r.Get("priority").Raw) != "5" || len(r.Get("trace").Elems) != 1 {
-		t.Fatalf("explain %s", r.Raw)
+	// The shape of `rebuno policy explain --json`, keys in canonical order.
+	if want := `{"decision":"allow","line":3,"not_tried":0,"priority":5,"reason":"","rule_id":"mail",` +
+		`"trace":[{"line":3,"matched":true,"priority":5,"rule_id":"mail"}]}`; string(r.Raw) != want {
+		t.Fatalf("explain %s\nwant    %s", r.Raw, want)
 	}
 	r = jsonOf(t, v.do(req{method: "POST", target: "/v0/agents/a1/explain", body: `{"kind":"tool_call","target":"send_email","args":{"to":"eve@elsewhere.org"}}`, header: viewer}), 200)
 	if r.Get("decision").Str != "deny" || r.Get("rule_id").Str != wire.RuleDefault || r.Get("trace").Elems[0].Get("failed").Str == "" {

@@ -11,7 +11,7 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Console sessions (docs/protocol/auth.md §2.1): the web console signs in by
+// Console sessions (docs/protocol/auth.md §2.2): the web console signs in by
 // sending an API key once, in the Authorization header of POST /v0/session,
 // and gets back a cookie holding a session token of its own. The key is never
 // put in the cookie, in browser storage or in a URL.

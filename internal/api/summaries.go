@@ -9,9 +9,10 @@ import (
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
-// Execution summaries: the list of executions as an operator's screen shows
-// it, one small row each (no input or output), with the counts the kernel
-// keeps on the row; and a stream that says when to read it again.
+// Execution summaries (docs/protocol/executions.md §4.1): the list of
+// executions as an operator's screen shows it, one small row each (no input
+// or output), with the counts the kernel keeps on the row; and a stream that
+// says when to read it again.
 
 // summaryInterval is the least time between two frames of the summary
 // stream: a busy kernel changes executions far faster than anyone reads a

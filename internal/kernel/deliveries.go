@@ -35,7 +35,7 @@ type DeliveryResult struct {
 }
 
 // LastDelivery finds the newest delivery outcome among the agent's newest
-// executions (docs/protocol/http.md §10.1); nil when none is recorded there.
+// executions (docs/protocol/governance.md §4.5); nil when none is recorded there.
 func (k *Kernel) LastDelivery(ctx context.Context, agentID string) (*DeliveryResult, error) {
 	if _, err := k.GetAgent(ctx, agentID); err != nil {
 		return nil, err

@@ -132,7 +132,7 @@ func (k *Kernel) forgetBundle(agentID string) {
 
 // ExplainPolicy says which rule of an agent's stored bundle would decide a
 // new step with these facts, and why the rules before it do not: the
-// evaluator of the submit path, traced (docs/protocol/governance.md §2.4).
+// evaluator of the submit path, traced (docs/protocol/governance.md §2.4 and §2.6).
 // Rate-limit budgets are not consulted; the report names the limit.
 func (k *Kernel) ExplainPolicy(ctx context.Context, f StepFacts) (policy.Report, error) {
 	if !wire.ValidKind(f.Kind) {

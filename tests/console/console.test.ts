@@ -76,7 +76,6 @@ describe("with auth on", () => {
     await page.getByRole("button", { name: "Filter" }).click();
     await expect.poll(() => new URL(page.url()).search).toBe("?status=completed");
     await row.waitFor();
-    await screenshot(page, "executions");
     await context.close();
   });
 
@@ -316,16 +315,20 @@ describe("with auth on", () => {
     await context.close();
   });
 
-  test("an operator's screens: the execution page with its lineage", async () => {
-    // A full-page picture for docs/console.md; asserts what it shows.
+  test("an operator's screens: the list of everything so far, and an execution page", async () => {
+    // The pictures of docs/console.md, taken last so that the list has a history.
     const id = await w.run({ scenario: "gate", gate: "shot" });
     w.gates.release("shot");
     await w.until(id, "completed");
     const { page, context } = await w.page(w.keys.otto);
-    await page.goto(`${w.url}/ui/executions/${id}`);
+    const rows = page.locator("table.executions tbody tr[data-id]");
+    await expect.poll(() => rows.count()).toBeGreaterThan(10);
+    expect(await page.locator("table.executions .badge").filter({ hasText: /^(completed|cancelled|failed)$/ }).count()).toBeGreaterThan(0);
+    await screenshot(page, "executions");
+    await page.locator(`tr[data-id="${id}"] a`).first().click();
     await page.locator(ev("execution.completed")).waitFor();
     await page.getByRole("button", { name: "Fork here" }).first().waitFor();
-    await screenshot(page, "execution");
+    await screenshot(page, "execution", true);
     await context.close();
   });
 });

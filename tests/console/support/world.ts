@@ -129,9 +129,9 @@ export async function signIn(page: Page, url: string, key: string): Promise<void
 }
 
 /** Where screenshots go when asked for (make console-screenshots), else nowhere. */
-export async function screenshot(page: Page, name: string): Promise<void> {
+export async function screenshot(page: Page, name: string, fullPage = false): Promise<void> {
   const dir = process.env.REBUNO_CONSOLE_SCREENSHOTS;
   if (!dir) return;
   fs.mkdirSync(dir, { recursive: true });
-  await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage: false });
+  await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage });
 }
