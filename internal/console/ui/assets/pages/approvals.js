@@ -46,6 +46,7 @@ export function page(ctx) {
   const pending = h("div", { class: "cards" });
   const decided = h("div", { class: "cards" });
   const problem = h("div");
+  const more = h("p", { class: "muted small" });
   /** @type {Map<string, HTMLElement>} */
   const cards = new Map();
   /** @type {Set<string>} */
@@ -71,6 +72,7 @@ export function page(ctx) {
       }
       if (!pending.childElementCount) fill(pending, h("p", { class: "muted empty" }, "No approvals are waiting."));
       else pending.querySelector(".empty")?.remove();
+      fill(more, list.length === LIMIT ? `Showing the oldest ${LIMIT}; decide some to see the rest.` : "");
       problem.replaceChildren();
     } catch (e) {
       fill(problem, errorBox(e));
@@ -135,7 +137,7 @@ export function page(ctx) {
   const node = h("section", null,
     h("div", { class: "title-row" }, h("h1", null, "Approvals"), live.indicator),
     who, problem,
-    h("h2", null, "Waiting"), pending,
+    h("h2", null, "Waiting"), pending, more,
     h("h2", null, "Decided here"), decided);
   return { title: "Approvals", node, dispose: () => live.close() };
 }
