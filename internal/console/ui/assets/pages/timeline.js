@@ -99,9 +99,14 @@ export function timeline(o) {
   }
 
   function showHead() {
-    fill(header, first > 1 ? earlier : null, status);
+    fill(header, first > 1 ? earlier : null, status, tail ? [h("span", { class: "small muted" }, "events"), tail.indicator] : null,
+      deltas ? [h("span", { class: "small muted" }, "live output"), deltas.indicator] : null);
     earlier.disabled = false;
-    status.textContent = last ? `Showing events ${first}–${last}` + (first > 1 ? ` of the log (${plural(first - 1, "earlier event")} not loaded)` : "") : "No events.";
+    status.textContent = showing();
+  }
+
+  function showing() {
+    return last ? `Showing events ${first}–${last}` + (first > 1 ? ` of the log (${plural(first - 1, "earlier event")} not loaded)` : "") : "No events.";
   }
 
   async function open() {
@@ -113,25 +118,38 @@ export function timeline(o) {
     if (terminal && last >= o.lastSeq) return;
     tail = follow(`${base}/events/stream?after_seq=${last}`, { onMessage: (m) => onFrame(m.data), onEnd: () => deltas?.close() });
     tail.indicator.dataset.stream = "events";
-    header.append(h("span", { class: "small muted" }, "events"), tail.indicator);
     if (!terminal) {
       deltas = follow(`${base}/stream`, { onMessage: (m) => onDelta(m.data) });
       deltas.indicator.dataset.stream = "deltas";
-      header.append(h("span", { class: "small muted" }, "live output"), deltas.indicator);
     }
+    showHead();
+    onScroll();
   }
+
+  // Whether the reader is at the end of the page, kept up to date as they
+  // scroll rather than measured per event: measuring would lay the page out
+  // again before every new row.
+  let atEnd = false;
+  let scrollPending = false;
+  const onScroll = () => { atEnd = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40; };
+  window.addEventListener("scroll", onScroll, { passive: true });
 
   /** @param {string} data */
   function onFrame(data) {
     /** @type {WireEvent} */
     const ev = JSON.parse(data);
     if (ev.event_seq <= last) return;
-    const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
     list.append(row(ev, member(parse(data), "payload"), true));
     if (first === 0) first = ev.event_seq;
     last = ev.event_seq;
-    showHead();
-    if (follow) window.scrollTo({ top: document.body.scrollHeight });
+    status.textContent = showing();
+    if (atEnd && !scrollPending) {
+      scrollPending = true;
+      requestAnimationFrame(() => {
+        scrollPending = false;
+        window.scrollTo({ top: document.body.scrollHeight });
+      });
+    }
     o.onEvent(ev);
   }
 
@@ -308,6 +326,7 @@ export function timeline(o) {
       disposed = true;
       tail?.close();
       deltas?.close();
+      window.removeEventListener("scroll", onScroll);
     },
   };
 }
