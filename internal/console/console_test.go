@@ -86,3 +86,15 @@ func TestMount(t *testing.T) {
 		t.Fatalf("the console path: %d, API calls %d", rec.Code, len(got))
 	}
 }
+
+// The page asks for every module at once (modulepreload) instead of
+// discovering them import by import.
+func TestPagePreloadsEveryModule(t *testing.T) {
+	h := New()
+	page := string(h.page.body)
+	for name := range h.assets {
+		if strings.HasSuffix(name, ".js") && name != "assets/app.js" && !strings.Contains(page, `<link rel="modulepreload" href="/ui/`+name+`">`) {
+			t.Errorf("index.html does not preload %s", name)
+		}
+	}
+}
