@@ -10,7 +10,7 @@ COMPAT_VENV := tests/compat/.venv
 # runs a command with REBUNO_TEST_POSTGRES_URL pointing at it, and stops it whatever the command does.
 PG_CLUSTER := tests/postgres/cluster.sh
 
-.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade bench bench-long bench-peers bench-peers-smoke demo demo-go demo-ts fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade test-console console-screenshots chromium bench bench-long bench-peers bench-peers-smoke bench-console demo demo-go demo-ts fuzz clean
 
 all: build
 
@@ -23,8 +23,9 @@ build-test:
 
 ## test: every test — Go unit, store contract on SQLite and Postgres, black-box (rebuno dev, and
 ## rebuno server replicas on Postgres), the published-client compatibility suite, the Python and
-## TypeScript SDKs and the upgrade path from the published client to the Python SDK.
-test: test-go test-compat test-sdk test-ts test-upgrade
+## TypeScript SDKs, the upgrade path from the published client to the Python SDK, and the web
+## console in a real browser.
+test: test-go test-compat test-sdk test-ts test-upgrade test-console
 
 ## test-go: the Go tests, inside a throwaway Postgres cluster (see PG_CLUSTER). Under CI=true a
 ## Postgres test that finds no cluster fails instead of skipping.
@@ -78,6 +79,29 @@ test-ts: build-test $(SDK_VENV)/.installed $(EXAMPLES_TS)/node_modules/.installe
 	cd $(EXAMPLES_TS) && npx tsc --noEmit
 	cd $(SDK_TS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_PYTHON=$(CURDIR)/$(SDK_VENV)/bin/python npx vitest run
 
+CONSOLE_TESTS := tests/console
+# Chromium from Debian's packages; Playwright never downloads a browser here.
+CHROMIUM ?= /usr/bin/chromium
+
+chromium:
+	@test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+$(CONSOLE_TESTS)/node_modules/.installed: $(CONSOLE_TESTS)/package.json $(CONSOLE_TESTS)/package-lock.json $(SDK_TS)/dist/index.js
+	cd $(CONSOLE_TESTS) && $(NPM_CI)
+	touch $@
+
+## test-console: the web console (internal/console): tsc --strict over its scripts (checkJs) and the
+## tests, then the browser tests: headless Chromium driven by playwright-core against the real
+## kernel and a TypeScript SDK agent.
+test-console: build-test chromium $(CONSOLE_TESTS)/node_modules/.installed
+	cd $(CONSOLE_TESTS) && npx tsc -p tsconfig.ui.json --noEmit && npx tsc -p tsconfig.json --noEmit
+	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_CHROMIUM=$(CHROMIUM) npx vitest run
+
+## console-screenshots: the browser tests again, saving the pictures of docs/console.md.
+console-screenshots: build-test chromium $(CONSOLE_TESTS)/node_modules/.installed
+	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_CHROMIUM=$(CHROMIUM) \
+		REBUNO_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console npx vitest run
+
 ## test-upgrade: an execution begun by an agent on the published rebuno==0.29.2 is killed and
 ## finished by the same agent on this project's SDK. Needs both venvs: pytest runs in the
 ## compatibility venv and starts each agent with its own venv's python.
@@ -97,6 +121,14 @@ bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	cd $(SDK_TS) && npx tsx bench/run.ts --kernel $(CURDIR)/$(BIN)/rebuno --python $(CURDIR)/$(SDK_VENV)/bin/python
+
+## bench-console: the console's numbers (docs/console.md): the first page of a 10,000-execution
+## list (server time), opening a 10,000-step timeline, and live events from commit to screen.
+bench-console: build chromium $(CONSOLE_TESTS)/node_modules/.installed
+	rm -f $(BIN)/console-seed.db
+	$(GO) run ./bench/console/seed -db $(BIN)/console-seed.db -executions 10000 -steps 10000 > $(BIN)/console-seed.json
+	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno REBUNO_CHROMIUM=$(CHROMIUM) npx tsx ../../bench/console/run.mts \
+		--seed $(CURDIR)/$(BIN)/console-seed.db --info $(CURDIR)/$(BIN)/console-seed.json
 
 bench-long: build
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
@@ -134,4 +166,4 @@ fuzz:
 	$(GO) test ./internal/auth -run '^$$' -fuzz FuzzVerify -fuzztime 60s
 
 clean:
-	rm -rf $(BIN) $(COMPAT_VENV) $(SDK_TS)/node_modules $(SDK_TS)/dist $(EXAMPLES_TS)/node_modules
+	rm -rf $(BIN) $(COMPAT_VENV) $(SDK_TS)/node_modules $(SDK_TS)/dist $(EXAMPLES_TS)/node_modules $(CONSOLE_TESTS)/node_modules

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rebuno/rebuno/internal/console"
 	"github.com/rebuno/rebuno/internal/store/sqlite"
 )
 
@@ -41,6 +42,7 @@ func runDev(s *settings, stderr io.Writer) error {
 		}
 		fmt.Fprintf(w, "rebuno %s dev kernel\n", version)
 		fmt.Fprintf(w, "  url:      http://%s\n", addr)
+		fmt.Fprintf(w, "  console:  http://%s%s\n", addr, console.Path)
 		fmt.Fprintf(w, "  store:    %s\n", store)
 		bannerTail(w, s, p.manual != nil, p.fault != nil, agents)
 	}})

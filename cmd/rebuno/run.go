@@ -17,6 +17,7 @@ import (
 	"github.com/rebuno/rebuno/internal/api"
 	"github.com/rebuno/rebuno/internal/clock"
 	"github.com/rebuno/rebuno/internal/config"
+	"github.com/rebuno/rebuno/internal/console"
 	"github.com/rebuno/rebuno/internal/dispatch"
 	"github.com/rebuno/rebuno/internal/kernel"
 	"github.com/rebuno/rebuno/internal/metrics"
@@ -125,7 +126,7 @@ func (p *process) run(o opened) error {
 	}
 	ln = api.Listener(ln)
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           console.Mount(console.New(), handler),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       70 * time.Second,
 		IdleTimeout:       120 * time.Second,

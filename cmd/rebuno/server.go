@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rebuno/rebuno/internal/console"
 	"github.com/rebuno/rebuno/internal/store/postgres"
 )
 
@@ -37,6 +38,7 @@ func runServer(s *settings, stderr io.Writer) error {
 	return p.run(opened{store: st, limiter: st.Limiter(), replicaID: s.ReplicaID, banner: func(w io.Writer, addr string, agents int) {
 		fmt.Fprintf(w, "rebuno %s server kernel\n", version)
 		fmt.Fprintf(w, "  url:      http://%s\n", addr)
+		fmt.Fprintf(w, "  console:  http://%s%s\n", addr, console.Path)
 		fmt.Fprintf(w, "  store:    postgres %s (schema version %d)\n", databaseName(s.DBURL), postgres.SchemaVersion())
 		fmt.Fprintf(w, "  replica:  %s\n", s.ReplicaID)
 		bannerTail(w, s, p.manual != nil, p.fault != nil, agents)

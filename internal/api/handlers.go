@@ -64,6 +64,12 @@ func (s *Server) registerRoutes() {
 	add(http.MethodDelete, "/v0/keys/{name}", authBearer, bodyNone, handleRevokeKey)
 	add(http.MethodGet, "/v0/audit", authBearer, bodyNone, handleAudit).needs(wire.RoleAdmin)
 	add(http.MethodGet, "/v0/whoami", authBearer, bodyNone, handleWhoami)
+	add(http.MethodPost, "/v0/session", authNone, bodyNone, handleSignIn)
+	add(http.MethodDelete, "/v0/session", authNone, bodyNone, handleSignOut)
+	add(http.MethodGet, "/v0/execution-summaries", authBearer, bodyNone, handleSummaries)
+	add(http.MethodGet, "/v0/execution-summaries/stream", authBearer, bodyNone, handleSummaryStream).streaming = true
+	add(http.MethodGet, "/v0/agents/{agent_id}/last-delivery", authBearer, bodyNone, handleLastDelivery)
+	add(http.MethodPost, "/v0/agents/{agent_id}/explain", authBearer, bodyJSON, handleExplain).needs(wire.RoleViewer)
 	add(http.MethodGet, "/v0/health", authNone, bodyNone, handleHealth)
 	add(http.MethodGet, "/v0/ready", authNone, bodyNone, handleReady)
 	add(http.MethodGet, "/metrics", authNone, bodyNone, handleMetrics)
@@ -195,34 +201,7 @@ func bodyHash(obj *jsonx.Value, without string) string {
 }
 
 func handleList(c *call) error {
-	var f store.ExecutionFilter
-	var err error
-	if f.AgentID, err = c.query("agent_id"); err != nil {
-		return err
-	}
-	if f.Status, err = c.query("status"); err != nil {
-		return err
-	}
-	cursor, err := c.query("cursor")
-	if err != nil {
-		return err
-	}
-	if cursor != "" {
-		if f.Cursor, err = parseUUID("cursor", cursor); err != nil {
-			return err
-		}
-	}
-	if f.Limit, err = c.limit(); err != nil {
-		return err
-	}
-	res, err := c.s.k.ListExecutions(c.ctx(), f)
-	if err != nil {
-		return err
-	}
-	o := (&jsonx.Object{}).Raw("executions", renderList(res.Executions, renderExecution))
-	optString(o, "next_cursor", res.NextCursor)
-	c.writeJSON(http.StatusOK, o.Bytes())
-	return nil
+	return c.listExecutions(renderExecution)
 }
 
 // limit reads the limit parameter; negative values reach the kernel, which

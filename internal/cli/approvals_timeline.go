@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"time"
+
+	"github.com/rebuno/rebuno/internal/policy"
 )
 
 // approvalTrack is what a timeline knows about an execution's approvals: it
@@ -109,7 +111,7 @@ func (t *Timeline) describeApproval(ev Event, p payload) (string, func(string) s
 				add(labeled(st, "approvers", approversText(ap.Approvers)))
 			}
 			if !ap.TimeoutAt.IsZero() && !ap.CreatedAt.IsZero() {
-				add(labeled(st, "timeout", shortDur(ap.TimeoutAt.Sub(ap.CreatedAt))))
+				add(labeled(st, "timeout", policy.ShortDuration(ap.TimeoutAt.Sub(ap.CreatedAt))))
 			}
 			add(quoted(ap.Message))
 		}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -203,18 +202,6 @@ func parseArgsFlag(s string) (*jsonx.Value, json.RawMessage, error) {
 	return v, json.RawMessage(CompactJSON(raw)), nil
 }
 
-// shortDur prints a duration as a bundle would spell it: 30s, 5m, 1h30m.
-func shortDur(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
 func approversText(list []string) string {
 	if len(list) == 0 {
 		return "anyone"
@@ -228,7 +215,7 @@ func approvalConfigText(c *policy.ApprovalConfig) string {
 	}
 	parts := []string{"approvers " + approversText(c.Approvers)}
 	if c.Timeout > 0 {
-		parts = append(parts, "timeout "+shortDur(c.Timeout))
+		parts = append(parts, "timeout "+policy.ShortDuration(c.Timeout))
 	} else {
 		parts = append(parts, "timeout: the kernel's --approval-timeout")
 	}
@@ -239,41 +226,7 @@ func approvalConfigText(c *policy.ApprovalConfig) string {
 }
 
 func rateLimitText(r *policy.RateLimit) string {
-	return fmt.Sprintf("%d call%s per %s per %s; on limiter error: %s", r.MaxCalls, plural(int(r.MaxCalls)), shortDur(r.Window), r.PerWhat, r.OnLimiterError)
-}
-
-// explainJSON is `policy explain --json`.
-type explainJSON struct {
-	Decision  string         `json:"decision"`
-	RuleID    string         `json:"rule_id"`
-	Reason    string         `json:"reason"`
-	Priority  *int32         `json:"priority,omitempty"`
-	Line      int            `json:"line,omitempty"`
-	Approval  *approvalJSON  `json:"approval,omitempty"`
-	RateLimit *rateLimitJSON `json:"rate_limit,omitempty"`
-	Trace     []traceJSON    `json:"trace"`
-	NotTried  int            `json:"not_tried"`
-}
-
-type approvalJSON struct {
-	Approvers []string `json:"approvers"`
-	Timeout   string   `json:"timeout,omitempty"`
-	Message   string   `json:"message,omitempty"`
-}
-
-type rateLimitJSON struct {
-	MaxCalls       int64  `json:"max_calls"`
-	Window         string `json:"window"`
-	PerWhat        string `json:"per_what"`
-	OnLimiterError string `json:"on_limiter_error"`
-}
-
-type traceJSON struct {
-	RuleID   string `json:"rule_id"`
-	Priority int32  `json:"priority"`
-	Line     int    `json:"line"`
-	Matched  bool   `json:"matched"`
-	Failed   string `json:"failed,omitempty"`
+	return fmt.Sprintf("%d call%s per %s per %s; on limiter error: %s", r.MaxCalls, plural(int(r.MaxCalls)), policy.ShortDuration(r.Window), r.PerWhat, r.OnLimiterError)
 }
 
 func (a *App) policyExplain() *cobra.Command {
@@ -307,36 +260,15 @@ func (a *App) policyExplain() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, trace := b.Explain(policy.Facts{AgentID: agent, Kind: kind, Target: target, Args: argv})
+			facts := policy.Facts{AgentID: agent, Kind: kind, Target: target, Args: argv}
+			if a.json {
+				writeJSONLine(a.Out(), mustJSON(b.Report(facts)))
+				return nil
+			}
+			res, trace := b.Explain(facts)
 			notTried := 0
 			if b != nil {
 				notTried = len(b.Rules) - len(trace)
-			}
-			if a.json {
-				out := explainJSON{Decision: res.Decision, RuleID: res.RuleID, Reason: res.Reason, Trace: []traceJSON{}, NotTried: notTried}
-				for _, t := range trace {
-					out.Trace = append(out.Trace, traceJSON{RuleID: t.RuleID, Priority: t.Priority, Line: t.Line, Matched: t.Matched, Failed: t.Failed})
-					if t.Matched {
-						p := t.Priority
-						out.Priority, out.Line = &p, t.Line
-					}
-				}
-				if res.Decision == policy.RequireApproval {
-					cfg := res.Approval
-					if cfg == nil {
-						cfg = &policy.ApprovalConfig{}
-					}
-					aj := &approvalJSON{Approvers: append([]string{}, cfg.Approvers...), Message: cfg.Message}
-					if cfg.Timeout > 0 {
-						aj.Timeout = shortDur(cfg.Timeout)
-					}
-					out.Approval = aj
-				}
-				if r := res.RateLimit; r != nil {
-					out.RateLimit = &rateLimitJSON{MaxCalls: r.MaxCalls, Window: shortDur(r.Window), PerWhat: r.PerWhat, OnLimiterError: r.OnLimiterError}
-				}
-				writeJSONLine(a.Out(), mustJSON(out))
-				return nil
 			}
 			a.printExplanation(file, b, agent, kind, target, argsRaw, res, trace, notTried)
 			return nil

@@ -76,6 +76,13 @@ func (t *Tail) Close() {
 	}
 }
 
+// allExecutions keys the tails that follow every execution; no execution
+// id (a UUID) can take it.
+const allExecutions = "*"
+
+// SubscribeAll registers interest in the growth of every execution's log.
+func (h *Hub) SubscribeAll() *Tail { return h.SubscribeTail(allExecutions) }
+
 // signal wakes every Tail of executionID in sets; the caller holds h.mu.
 func (sets signalSets) signal(executionID string) {
 	for t := range sets[executionID] {
@@ -94,11 +101,13 @@ func (h *Hub) NotifyEnd(executionID string) {
 	h.ends.signal(executionID)
 }
 
-// Notify signals every tail of executionID that its log grew.
+// Notify signals every tail of executionID, and every tail of all
+// executions, that its log grew.
 func (h *Hub) Notify(executionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.tails.signal(executionID)
+	h.tails.signal(allExecutions)
 	// A terminal execution's delta consumers end too; they wake on the same
 	// news and check the status themselves.
 	for d := range h.deltas[executionID] {

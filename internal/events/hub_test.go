@@ -63,6 +63,27 @@ func TestNotifyReachesOnlyItsExecution(t *testing.T) {
 	}
 }
 
+// A subscription to all executions hears every execution's news, coalesced,
+// and leaves nothing behind when closed.
+func TestSubscribeAll(t *testing.T) {
+	h := NewHub()
+	all := h.SubscribeAll()
+	h.Notify("a")
+	h.Notify("b")
+	if pending(all.C) != 1 {
+		t.Fatalf("the subscription to all holds %d signals after two notifications, want 1", pending(all.C))
+	}
+	<-all.C
+	h.Notify("c")
+	if pending(all.C) != 1 {
+		t.Fatal("a notification after the reader drained the channel was lost")
+	}
+	all.Close()
+	if tails, _, _ := h.Counts(); tails != 0 {
+		t.Fatalf("Counts() = %d tails after closing, want 0", tails)
+	}
+}
+
 func TestCloseRemovesEntries(t *testing.T) {
 	h := NewHub()
 	if tails, _, deltas := h.Counts(); tails != 0 || deltas != 0 {

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -102,4 +103,26 @@ func (o *op) agentBundle() (string, error) {
 func (k *Kernel) forgetAgent(agentID string) {
 	k.bundles.forget(agentID)
 	k.secrets.forget(agentID)
+}
+
+// ExplainPolicy says which rule of an agent's stored bundle would decide a
+// new step with these facts, and why the rules before it do not: the
+// evaluator of the submit path, traced (docs/protocol/governance.md §2.4 and §2.6).
+// Rate-limit budgets are not consulted; the report names the limit.
+func (k *Kernel) ExplainPolicy(ctx context.Context, f StepFacts) (policy.Report, error) {
+	if !wire.ValidKind(f.Kind) {
+		return policy.Report{}, validation("kind", "kind must be tool_call, llm_call or local")
+	}
+	a, err := k.GetAgent(ctx, f.AgentID)
+	if err != nil {
+		return policy.Report{}, err
+	}
+	b, err := policy.Parse(a.PolicyBundle)
+	if err != nil {
+		// What the submit path does with a stored bundle that no longer
+		// compiles (Bundles.Evaluate).
+		return policy.Report{Decision: PolicyDeny, RuleID: wire.RuleBundleError, Reason: wire.ReasonPolicyBundleInvalid,
+			Trace: []policy.TraceReport{}}, nil
+	}
+	return b.Report(policy.Facts{AgentID: f.AgentID, Kind: f.Kind, Target: f.Target, Args: f.Args}), nil
 }

@@ -59,3 +59,8 @@ func decodeDelta(b []byte) (events.Delta, bool) {
 	}
 	return events.Delta{StepID: w.StepID, Seq: w.Seq, Data: w.Data}, true
 }
+
+// SubscribeExecutions registers interest in the growth of every execution's
+// log, for the live execution list: news of which one is not kept, since
+// the list is read again whole.
+func (k *Kernel) SubscribeExecutions() *events.Tail { return k.hub.SubscribeAll() }
