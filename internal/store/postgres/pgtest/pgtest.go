@@ -99,7 +99,32 @@ func Cut(tb testing.TB, dbURL string) {
 	tb.Helper()
 	name := Name(tb, dbURL)
 	Admin(tb, fmt.Sprintf(`ALTER DATABASE %s WITH ALLOW_CONNECTIONS false`, pgx.Identifier{name}.Sanitize()))
-	Admin(tb, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, name)
+	// pg_terminate_backend only signals the backends: until each has
+	// exited, a pooled connection to it still answers. Cut returns once none
+	// is left, so that the caller sees the database gone.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL(tb))
+	if err != nil {
+		tb.Fatalf("connect to the test server: %v", err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var left int
+		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+ WHERE datname = $1 AND pid <> pg_backend_pid()`, name).Scan(&left)
+		if err != nil {
+			tb.Fatalf("terminate the connections to %s: %v", name, err)
+		}
+		if left == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("%d connections to %s still open 30 s after they were terminated", left, name)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // Restore lets a cut database accept connections again.
