@@ -24,6 +24,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { Agent, Client, defineTool, execution } from "../src/index.js";
 import { canonicalJson } from "../src/identity.js";
+import { Outcome } from "../src/kernel.js";
 import { Kernel } from "../test/support/kernel.js";
 
 const { values: opts } = parseArgs({
@@ -157,7 +158,7 @@ async function overhead(kernel: Kernel, n: number): Promise<Record<string, numbe
       const body = `{"kind":"tool_call","target":"raw","args":${canonicalJson({ i })},"idempotency":"safe_to_retry","resources":[]}`;
       const d = await ctx.kernel.submit(ctx.executionId, ctx.lease, body, 0);
       if (d.decision !== "proceed" || !d.stepId) throw new Error(`unexpected ${d.decision}`);
-      await ctx.kernel.stepOutcome(ctx.executionId, d.stepId, ctx.lease, { succeeded: true, valueJson: String(i) });
+      await ctx.kernel.stepOutcome(ctx.executionId, ctx.lease, new Outcome(d.stepId, true, String(i)));
       raw.push(performance.now() - t0);
     }
     return input.n;
