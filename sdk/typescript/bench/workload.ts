@@ -48,8 +48,14 @@ const CLOCK_TICKS = 100; // USER_HZ on Linux
 
 /** CPU time of a process so far, in milliseconds (user + system, every thread). */
 function cpuMs(pid: number): number {
+  const [user, sys] = cpuSplitMs(pid);
+  return user + sys;
+}
+
+/** User and system CPU time of a process so far, in milliseconds. */
+function cpuSplitMs(pid: number): [number, number] {
   const fields = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
+  return [(Number(fields[11]) * 1000) / CLOCK_TICKS, (Number(fields[12]) * 1000) / CLOCK_TICKS];
 }
 
 function selfCpuMs(): number {
@@ -176,7 +182,7 @@ async function runOne(base: string, agentId: string): Promise<string> {
   });
 }
 
-interface Sample { stepsPerS: number; kernelUs: number; agentUs: number; clientUs: number; fsyncs?: number }
+interface Sample { stepsPerS: number; kernelUs: number; agentUs: number; agentSysUs: number; clientUs: number; fsyncs?: number }
 
 /** `EXECUTIONS` executions with `level` in flight at once. */
 async function workload(k: KernelProc, agent: Running, level: number, fsyncFile?: string): Promise<Sample> {
@@ -189,7 +195,7 @@ async function workload(k: KernelProc, agent: Running, level: number, fsyncFile?
       if (status !== "completed") failures.push(status);
     }
   };
-  const k0 = cpuMs(k.pid), a0 = cpuMs(agent.proc.pid!), c0 = selfCpuMs();
+  const k0 = cpuMs(k.pid), a0 = cpuSplitMs(agent.proc.pid!), c0 = selfCpuMs();
   const wall0 = Date.now() / 1000;
   const t0 = performance.now();
   await Promise.all(Array.from({ length: level }, worker));
@@ -198,8 +204,10 @@ async function workload(k: KernelProc, agent: Running, level: number, fsyncFile?
   if (failures.length) throw new Error(`${agent.name}: ${failures.length} executions ended ${failures[0]}`);
   const steps = EXECUTIONS * STEPS;
   const perStep = (ms: number): number => (ms * 1000) / steps;
+  const a1 = cpuSplitMs(agent.proc.pid!);
   const sample: Sample = {
-    stepsPerS: steps / seconds, kernelUs: perStep(cpuMs(k.pid) - k0), agentUs: perStep(cpuMs(agent.proc.pid!) - a0), clientUs: perStep(selfCpuMs() - c0),
+    stepsPerS: steps / seconds, kernelUs: perStep(cpuMs(k.pid) - k0), agentUs: perStep(a1[0] + a1[1] - a0[0] - a0[1]),
+    agentSysUs: perStep(a1[1] - a0[1]), clientUs: perStep(selfCpuMs() - c0),
   };
   if (fsyncFile) {
     await new Promise((r) => setTimeout(r, 300)); // strace writes its lines after the calls return
@@ -279,13 +287,13 @@ if (opts.json) {
   console.log(JSON.stringify({ executions: EXECUTIONS, steps: STEPS, load, results, fsyncs }));
 } else {
   console.log(`${EXECUTIONS} executions × ${STEPS} no-op tool steps; best steps/s and median CPU per step (µs) of ${opts.rounds} alternating rounds; load average ${load}`);
-  console.log(`  ${"agent".padEnd(12)}${"c".padStart(4)}${"steps/s".padStart(10)}${"kernel".padStart(9)}${"agent".padStart(9)}${"client".padStart(9)}${opts.fsyncs ? "fsyncs/step".padStart(13) : ""}`);
+  console.log(`  ${"agent".padEnd(12)}${"c".padStart(4)}${"steps/s".padStart(10)}${"kernel".padStart(9)}${"agent".padStart(9)}${"(sys)".padStart(8)}${"client".padStart(9)}${opts.fsyncs ? "fsyncs/step".padStart(13) : ""}`);
   for (const [name] of specs) {
     for (const level of LEVELS) {
       const xs = results[name]![level]!;
       const best = Math.max(...xs.map((x) => x.stepsPerS));
       const f = fsyncs[name]?.[level];
-      console.log(`  ${name.padEnd(12)}${String(level).padStart(4)}${best.toFixed(0).padStart(10)}${median(xs.map((x) => x.kernelUs)).toFixed(0).padStart(9)}${median(xs.map((x) => x.agentUs)).toFixed(0).padStart(9)}${median(xs.map((x) => x.clientUs)).toFixed(0).padStart(9)}${f === undefined ? "" : f.toFixed(2).padStart(13)}`);
+      console.log(`  ${name.padEnd(12)}${String(level).padStart(4)}${best.toFixed(0).padStart(10)}${median(xs.map((x) => x.kernelUs)).toFixed(0).padStart(9)}${median(xs.map((x) => x.agentUs)).toFixed(0).padStart(9)}${median(xs.map((x) => x.agentSysUs)).toFixed(0).padStart(8)}${median(xs.map((x) => x.clientUs)).toFixed(0).padStart(9)}${f === undefined ? "" : f.toFixed(2).padStart(13)}`);
     }
   }
 }
