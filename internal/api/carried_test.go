@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rebuno/rebuno/internal/testvectors"
 	"github.com/rebuno/rebuno/internal/wire"
 )
 
@@ -67,5 +68,41 @@ func TestCarriedOutcomeWire(t *testing.T) {
 	got = jsonOf(t, v.do(req{method: "GET", target: steps + "/" + b}), 200)
 	if got.Get("status").Str != wire.StepFailed || !strings.Contains(string(got.Get("error").Raw), `"x"`) {
 		t.Fatalf("step b after the complete = %s", got.Raw)
+	}
+}
+
+// Every body of docs/protocol/vectors/carried-outcomes.json is accepted, and
+// records the outcome it carries. The vectors name fixed step ids; each case
+// carries the outcome of a step started here instead.
+func TestCarriedOutcomeVectors(t *testing.T) {
+	cases := testvectors.LoadCarriedOutcomes().Cases
+	if len(cases) == 0 {
+		t.Fatal("no vectors")
+	}
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			v := newEnv(t)
+			e, del := v.start("a1")
+			steps := "/v0/executions/" + e.ID + "/steps"
+			started := jsonOf(t, v.do(req{method: "POST", target: steps, body: `{"kind":"tool_call","target":"first"}`, agent: "a1", header: dispatchHeader(del)}), 200)
+			stepID := started.Get("step_id").Str
+			body := strings.ReplaceAll(tc.Body, tc.Outcome.StepID, stepID)
+			if strings.Contains(body, `"resources":["workspace"]`) {
+				body = strings.Replace(body, `"resources":["workspace"]`, `"resources":[]`, 1) // no resource registered here
+			}
+			target := map[string]string{"submit": steps, "complete": "/v0/executions/" + e.ID + "/complete", "fail": "/v0/executions/" + e.ID + "/fail"}[tc.Carrier]
+			rec := v.do(req{method: "POST", target: target, body: body, agent: "a1", header: dispatchHeader(del)})
+			if rec.Code != 200 && rec.Code != 204 {
+				t.Fatalf("carrier answered %d %s", rec.Code, rec.Body.String())
+			}
+			got := jsonOf(t, v.do(req{method: "GET", target: steps + "/" + stepID}), 200)
+			status, value := wire.StepFailed, got.Get("error")
+			if tc.Outcome.Succeeded {
+				status, value = wire.StepSucceeded, got.Get("result")
+			}
+			if got.Get("status").Str != status || value == nil || string(value.Raw) != tc.Outcome.Value {
+				t.Fatalf("carried step = %s, want %s with %s", got.Raw, status, tc.Outcome.Value)
+			}
+		})
 	}
 }

@@ -290,11 +290,8 @@ export class KernelClient {
    * also the answer to a retry whose first try was recorded).
    */
   async finishExecution(executionId: string, lease: Lease, outcome: { outputJson: string } | { reason: string }, carried?: Outcome): Promise<boolean> {
-    const [verb, text] = "outputJson" in outcome
-      ? ["complete", `{"output":${outcome.outputJson}`]
-      : ["fail", `{"error":${JSON.stringify(outcome.reason)}`];
-    const body = `${text}${carried ? carried.carried() : ""}}`;
-    const resp = await this.request("POST", `/v0/executions/${executionId}/${verb}`, { body, lease });
+    const verb = "outputJson" in outcome ? "complete" : "fail";
+    const resp = await this.request("POST", `/v0/executions/${executionId}/${verb}`, { body: finishBody(outcome, carried), lease });
     if (resp.status === 409 && errorCode(resp.body) === "execution_terminal") return false;
     if (!ok(resp)) throw apiError(resp.status, resp.body);
     return true;
@@ -339,6 +336,16 @@ export class KernelClient {
     if (resp.status === 409 && errorCode(resp.body) === "execution_terminal") throw new Terminated("execution_terminal");
     if (!ok(resp)) throw apiError(resp.status, resp.body) as APIError;
   }
+}
+
+/**
+ * The body of an execution complete or fail, with the carried outcome when
+ * there is one; the member order is the one of
+ * docs/protocol/vectors/carried-outcomes.json.
+ */
+export function finishBody(outcome: { outputJson: string } | { reason: string }, carried?: Outcome): string {
+  const text = "outputJson" in outcome ? `{"output":${outcome.outputJson}` : `{"error":${JSON.stringify(outcome.reason)}`;
+  return `${text}${carried ? carried.carried() : ""}}`;
 }
 
 /** A capture sent with a step outcome or in a publish. */

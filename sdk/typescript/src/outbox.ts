@@ -1,7 +1,6 @@
 /**
- * Step outcomes that travel with the next request (docs/protocol/steps.md
- * §13, docs/protocol/sdk.md §6); the counterpart of the Python SDK's
- * `_outbox.py`.
+ * Step outcomes that travel with the next request (docs/protocol/steps.md §13,
+ * docs/protocol/sdk.md §7); the counterpart of the Python SDK's `_outbox.py`.
  *
  * Once the kernel has advertised `carried-outcome`, the outcome of a
  * `safe_to_retry` step is not sent on its own: the call returns at once and

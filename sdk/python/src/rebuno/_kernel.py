@@ -264,14 +264,8 @@ class KernelClient:
         already terminal (`409 execution_terminal`, also the answer to a retry
         whose first try was recorded, docs/protocol/sdk.md §2).
         """
-        if output_json is not None:
-            path, text = "complete", '{"output":' + output_json
-        else:
-            path = "fail"
-            text = '{"error":' + json.dumps(reason or "", ensure_ascii=False)
-        if carried is not None:
-            text += carried.carried()
-        body = (text + "}").encode("utf-8", "replace")
+        path = "complete" if output_json is not None else "fail"
+        body = finish_body(output_json=output_json, reason=reason, carried=carried).encode("utf-8", "replace")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/{path}", body=body, lease=lease)
         try:
             _check(resp)
@@ -323,6 +317,17 @@ class KernelClient:
         body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
         resp = await self.request("PUT", f"/v0/agents/{self.agent_id}/metadata", body=body)
         _check(resp)
+
+
+def finish_body(*, output_json: str | None = None, reason: str | None = None, carried: Outcome | None = None) -> str:
+    """The body of an execution complete (`output_json` given) or fail, with
+    the carried outcome when there is one; the member order is the one of
+    docs/protocol/vectors/carried-outcomes.json."""
+    if output_json is not None:
+        text = '{"output":' + output_json
+    else:
+        text = '{"error":' + json.dumps(reason or "", ensure_ascii=False)
+    return text + (carried.carried() if carried is not None else "") + "}"
 
 
 def _compact(value: Any) -> str:

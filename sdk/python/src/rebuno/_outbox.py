@@ -1,4 +1,4 @@
-"""Step outcomes that travel with the next request (docs/protocol/steps.md §13, docs/protocol/sdk.md §6).
+"""Step outcomes that travel with the next request (docs/protocol/steps.md §13, docs/protocol/sdk.md §7).
 
 Once the kernel has advertised `carried-outcome`, the outcome of a
 `safe_to_retry` step is not sent on its own: the call returns at once and the
