@@ -133,6 +133,7 @@ class KernelClient:
                  transport: httpx2.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.agent_id = agent_id
+        self._agent_header = agent_id.encode("utf-8")
         self._secret = secret
         self._base_path = urlsplit(self.base_url).path
         self._transport: Transport = (HttpxTransport(self.base_url, timeout, transport) if transport is not None
@@ -144,23 +145,23 @@ class KernelClient:
     # ------------------------------------------------------------------ core
 
     def _headers(self, method: str, target: str, body: bytes, lease: Lease | None,
-                 occurrence: int | None) -> list[tuple[str, str]]:
+                 occurrence: int | None) -> list[tuple[bytes, bytes]]:
         timestamp = str(int(time.time()))
-        headers = [("Content-Type", "application/json"), ("Rebuno-Agent-Id", self.agent_id),
-                   ("Rebuno-Timestamp", timestamp)]
+        headers = [(b"Content-Type", b"application/json"), (b"Rebuno-Agent-Id", self._agent_header),
+                   (b"Rebuno-Timestamp", timestamp.encode("ascii"))]
         dispatch_id = attempt = None
         if lease is not None and method != "GET":
             dispatch_id = lease.dispatch_id
-            headers.append(("Rebuno-Dispatch-Id", dispatch_id))
+            headers.append((b"Rebuno-Dispatch-Id", dispatch_id.encode("ascii")))
             if lease.attempt is not None:
                 attempt = str(lease.attempt)
-                headers.append(("Rebuno-Dispatch-Attempt", attempt))
+                headers.append((b"Rebuno-Dispatch-Attempt", attempt.encode("ascii")))
         signature = sign_v1(self._secret, method, target, timestamp, dispatch_id, attempt, body)
-        headers.append(("Rebuno-Signature", signature))
+        headers.append((b"Rebuno-Signature", signature.encode("ascii")))
         if occurrence is not None and dispatch_id is not None:
             value = str(occurrence)
-            headers.append(("Rebuno-Step-Occurrence", value))
-            headers.append(("Rebuno-Occurrence-Signature", sign_occurrence(self._secret, signature, value)))
+            headers.append((b"Rebuno-Step-Occurrence", value.encode("ascii")))
+            headers.append((b"Rebuno-Occurrence-Signature", sign_occurrence(self._secret, signature, value).encode("ascii")))
         return headers
 
     async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,

@@ -27,7 +27,7 @@ import httpx2
 
 __all__ = ["ConnectFailed", "TransportFailed", "Response", "Transport", "ConnectionPool", "HttpxTransport"]
 
-Headers = list[tuple[str, str]]
+Headers = list[tuple[bytes, bytes]]
 
 
 class ConnectFailed(Exception):
@@ -116,7 +116,7 @@ class _Connection(asyncio.Protocol):
     async def exchange(self, method: str, target: str, headers: Headers, body: bytes) -> Response:
         assert self._transport is not None
         self._waiter = asyncio.get_running_loop().create_future()
-        request = h11.Request(method=method, target=target, headers=headers)
+        request = h11.Request(method=method.encode("ascii"), target=target.encode("ascii"), headers=headers)
         self._transport.write(self._h11.send(request) + self._h11.send(h11.Data(data=body))
                               + self._h11.send(h11.EndOfMessage()))
         try:
@@ -149,6 +149,7 @@ class ConnectionPool:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         self._authority = url.netloc.rpartition("@")[2]
+        self._host_header = (b"Host", self._authority.encode("idna"))
         self._timeout = timeout
         self._idle: list[_Connection] = []
 
@@ -170,7 +171,7 @@ class ConnectionPool:
                 break
         if conn is None:
             conn = await self._connect()
-        all_headers = [("Host", self._authority), ("Content-Length", str(len(body)))]
+        all_headers = [self._host_header, (b"Content-Length", b"%d" % len(body))]
         all_headers += headers
         try:
             async with asyncio.timeout(self._timeout):
