@@ -109,10 +109,12 @@ test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/upgrade
 
 ## bench: the load generator of bench/ over real HTTP (docs/protocol/conformance.md §4), then the Python SDK's
-## own cost per step (no-op @tool steps against raw signed submit+complete, over loopback), then
+## own cost per step (no-op @tool steps against raw signed steps, over loopback), then
 ## the capture overhead per step with LocalDirectory on a 1,000-file workspace, then the TypeScript
 ## row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential and 200 at
-## once, steps/s) and the TypeScript SDK's own cost per step.
+## once, steps/s) and the TypeScript SDK's own cost per step, then the end-to-end workload per
+## process (200 executions × 10 steps at c1 and c50: CPU per step of kernel, agent and client, fsyncs
+## per step).
 bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
@@ -121,6 +123,8 @@ bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	cd $(SDK_TS) && npx tsx bench/run.ts --kernel $(CURDIR)/$(BIN)/rebuno --python $(CURDIR)/$(SDK_VENV)/bin/python
+	cd $(SDK_TS) && npx tsx bench/workload.ts --kernel $(CURDIR)/$(BIN)/rebuno --fsyncs \
+		--agent py=$(CURDIR)/$(SDK_VENV)/bin/python,bench/noop_agent.py --agent ts=node,--import,tsx,bench/noop-agent.ts
 
 ## bench-console: the console's numbers (docs/console.md): the first page of a 10,000-execution
 ## list (server time), opening a 10,000-step timeline, and live events from commit to screen.

@@ -416,7 +416,7 @@ func handleSubmit(c *call) error {
 		}
 		req.HasOccurrence = true
 	}
-	f, err := parseBody(c.body, "kind", "target", "args", "idempotency", "resources")
+	f, err := parseBody(c.body, "kind", "target", "args", "idempotency", "resources", carriedField)
 	if err != nil {
 		return err
 	}
@@ -433,6 +433,9 @@ func handleSubmit(c *call) error {
 	if f.obj.Get("kind") == nil {
 		return invalid("kind", "kind is required")
 	}
+	if req.Outcome, err = parseCarried(f); err != nil {
+		return err
+	}
 	dec, err := c.s.k.SubmitStep(c.ctx(), c.caller, id, h, req)
 	if err != nil {
 		return err
@@ -440,6 +443,7 @@ func handleSubmit(c *call) error {
 	if dec.StepID != "" {
 		c.w.Header().Set(wire.HeaderStepOccurrence, strconv.FormatInt(dec.Occurrence, 10))
 	}
+	c.w.Header().Set(wire.HeaderExtensions, wire.ExtCarriedOutcome)
 	c.writeJSON(http.StatusOK, renderDecision(dec).Bytes())
 	return nil
 }
@@ -454,7 +458,7 @@ func handleOutcome(succeeded bool) func(*call) error {
 		if err != nil {
 			return err
 		}
-		caps, err := parseCaptures(w.f)
+		caps, err := parseCaptures(w.f, "")
 		if err != nil {
 			return err
 		}
@@ -508,11 +512,14 @@ func handleHeartbeat(c *call) error {
 }
 
 func handleComplete(c *call) error {
-	w, err := c.agentWrite(false, "output", "state")
+	w, err := c.agentWrite(false, "output", "state", carriedField)
 	if err != nil {
 		return err
 	}
 	r := kernel.CompleteRequest{Output: w.f.raw("output"), State: w.f.raw("state")}
+	if r.Outcome, err = parseCarried(w.f); err != nil {
+		return err
+	}
 	if err := c.s.k.CompleteExecution(c.ctx(), c.caller, w.id, w.h, r); err != nil {
 		return err
 	}
@@ -521,15 +528,18 @@ func handleComplete(c *call) error {
 }
 
 func handleFail(c *call) error {
-	w, err := c.agentWrite(false, "error")
+	w, err := c.agentWrite(false, "error", carriedField)
 	if err != nil {
 		return err
 	}
-	reason := w.f.str("error")
+	r := kernel.FailRequest{Reason: w.f.str("error")}
 	if w.f.err != nil {
 		return w.f.err
 	}
-	if err := c.s.k.FailExecution(c.ctx(), c.caller, w.id, w.h, reason); err != nil {
+	if r.Outcome, err = parseCarried(w.f); err != nil {
+		return err
+	}
+	if err := c.s.k.FailExecution(c.ctx(), c.caller, w.id, w.h, r); err != nil {
 		return err
 	}
 	c.noContent()

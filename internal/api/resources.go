@@ -12,10 +12,11 @@ import (
 // parseCaptures reads the capture lists of a step outcome or a publish
 // (docs/protocol/resources.md §4). A ref that is not a string is taken as "",
 // so that a driver bug costs a refused capture, not the outcome.
-func parseCaptures(f *fields) (kernel.Captures, error) {
+func parseCaptures(f *fields, prefix string) (kernel.Captures, error) {
 	var caps kernel.Captures
-	for _, name := range []string{"captures", "capture_failures"} {
-		v := f.get(name)
+	for _, member := range []string{"captures", "capture_failures"} {
+		v := f.get(member)
+		name := prefix + member
 		if v == nil {
 			continue
 		}
@@ -23,7 +24,7 @@ func parseCaptures(f *fields) (kernel.Captures, error) {
 			return caps, invalid(name, "%s must be an array of at most %d entries", name, kernel.MaxCapturesPerList)
 		}
 		known := []string{"key", "generation", "checkpoint_ref"}
-		if name == "capture_failures" {
+		if member == "capture_failures" {
 			known = []string{"key", "generation", "error"}
 		}
 		for _, e := range v.Elems {
@@ -47,7 +48,7 @@ func parseCaptures(f *fields) (kernel.Captures, error) {
 			if err != nil || gen < 0 {
 				return caps, invalid(name+".generation", "generation must be an integer >= 0")
 			}
-			if name == "captures" {
+			if member == "captures" {
 				ref := ""
 				if r := e.Get("checkpoint_ref"); r != nil && r.Kind == jsonx.KindString {
 					ref = r.Str
@@ -140,7 +141,7 @@ func handlePublish(c *call) error {
 	if err != nil {
 		return err
 	}
-	caps, err := parseCaptures(w.f)
+	caps, err := parseCaptures(w.f, "")
 	if err != nil {
 		return err
 	}

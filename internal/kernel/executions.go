@@ -335,18 +335,20 @@ func (k *Kernel) CancelExecution(ctx context.Context, id string) error {
 type CompleteRequest struct {
 	Output []byte // verbatim; nil when absent or null
 	State  []byte // verbatim; nil when absent or null
+	// Outcome is the last step's outcome, when the complete carries it
+	// (docs/protocol/steps.md §13).
+	Outcome *CarriedOutcome
+}
+
+// FailRequest is a parsed execution fail body.
+type FailRequest struct {
+	Reason  string
+	Outcome *CarriedOutcome
 }
 
 // CompleteExecution records an agent's successful end (docs/protocol/executions.md §5).
 func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, r CompleteRequest) error {
-	err := k.update(ctx, id, func(o *op) error {
-		if _, err := o.agentWrite(id, c, h); err != nil {
-			return err
-		}
-		if o.e.Status == wire.ExecBlocked {
-			return errConflict("execution is blocked awaiting approval")
-		}
-		o.enforce = true
+	return k.finishExecution(ctx, c, id, h, r.Outcome, func(o *op) error {
 		out := r.Output
 		if out == nil {
 			out = []byte("null")
@@ -359,31 +361,71 @@ func (k *Kernel) CompleteExecution(ctx context.Context, c Caller, id string, h D
 		}
 		return o.terminate(wire.ExecCompleted, "", wire.CauseExecutionCompleted)
 	})
-	if errors.Is(err, errStorageLimit) {
-		return errTerminal()
-	}
-	return err
 }
 
 // FailExecution records an agent's failure (docs/protocol/executions.md §6). Reasons longer than the
 // limit are cut at a character boundary rather than refused, because
 // refusing would leave the execution running.
-func (k *Kernel) FailExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, reason string) error {
-	reason = TruncateUTF8(reason, wire.MaxFailureReasonBytes)
-	err := k.update(ctx, id, func(o *op) error {
-		if _, err := o.agentWrite(id, c, h); err != nil {
-			return err
-		}
-		if o.e.Status == wire.ExecBlocked {
-			return errConflict("execution is blocked awaiting approval")
-		}
-		o.enforce = true
+func (k *Kernel) FailExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, r FailRequest) error {
+	reason := TruncateUTF8(r.Reason, wire.MaxFailureReasonBytes)
+	return k.finishExecution(ctx, c, id, h, r.Outcome, func(o *op) error {
 		return o.terminate(wire.ExecFailed, reason, wire.CauseExecutionFailed)
 	})
-	if errors.Is(err, errStorageLimit) {
-		return errTerminal()
+}
+
+// finishExecution runs an agent's complete or fail: the carried outcome
+// first when there is one (docs/protocol/steps.md §13), then the checks every agent write
+// makes, then end. A terminal execution is 409 execution_terminal here,
+// whatever the carried outcome would have answered.
+func (k *Kernel) finishExecution(ctx context.Context, c Caller, id string, h DispatchHeaders, co *CarriedOutcome, end func(o *op) error) error {
+	if err := validateCarried(co); err != nil {
+		return err
 	}
-	return err
+	var refusal error
+	err := k.update(ctx, id, func(o *op) error {
+		refusal = nil
+		if err := o.load(id, c); err != nil {
+			return err
+		}
+		_, superseded, stop, err := o.admitCarrying(co, h)
+		switch {
+		case stop != nil:
+			return errTerminal()
+		case err != nil:
+			return err
+		case superseded:
+			refusal = k.refuseSuperseded()
+		case o.e.Status == wire.ExecBlocked:
+			refusal = errConflict("execution is blocked awaiting approval")
+		}
+		if refusal != nil {
+			// The carried outcome stands alone, as if it had been sent alone.
+			if co == nil {
+				return refusal
+			}
+			return nil
+		}
+		o.enforce = true
+		if err := end(o); err != nil {
+			return err
+		}
+		if co != nil && o.overLimit() {
+			return errCarriedLimit
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errStorageLimit):
+		return errTerminal()
+	case errors.Is(err, errCarriedLimit):
+		if err := k.recordThenFail(ctx, c, id, h, co); err != nil {
+			return err
+		}
+		return errTerminal()
+	case err != nil:
+		return err
+	}
+	return refusal
 }
 
 // TruncateUTF8 cuts s to at most n bytes without splitting a character.

@@ -320,7 +320,7 @@ func TestFailExecution(t *testing.T) {
 	t.Run("with reason", func(t *testing.T) {
 		e, del := fx.start("a1")
 		seq := fx.lastSeq(e.ID)
-		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), "agent_error: ValueError: bad"); err != nil {
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: "agent_error: ValueError: bad"}); err != nil {
 			t.Fatal(err)
 		}
 		evs := fx.eventsAfter(e.ID, seq)
@@ -333,7 +333,7 @@ func TestFailExecution(t *testing.T) {
 	t.Run("without reason", func(t *testing.T) {
 		e, del := fx.start("a1")
 		seq := fx.lastSeq(e.ID)
-		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), ""); err != nil {
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: ""}); err != nil {
 			t.Fatal(err)
 		}
 		evs := fx.eventsAfter(e.ID, seq)
@@ -345,7 +345,7 @@ func TestFailExecution(t *testing.T) {
 	t.Run("long reason is truncated at a character boundary", func(t *testing.T) {
 		e, del := fx.start("a1")
 		reason := strings.Repeat("a", 8191) + "é" + "tail" // é straddles byte 8,192
-		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), reason); err != nil {
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: reason}); err != nil {
 			t.Fatal(err)
 		}
 		if ex := fx.exec(e.ID); ex.FailureReason != strings.Repeat("a", 8191) {
@@ -353,7 +353,7 @@ func TestFailExecution(t *testing.T) {
 		}
 		e, del = fx.start("a1")
 		exact := strings.Repeat("b", 8190) + "é"
-		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), exact+"x"); err != nil {
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: exact+"x"}); err != nil {
 			t.Fatal(err)
 		}
 		if ex := fx.exec(e.ID); ex.FailureReason != exact {
@@ -402,7 +402,7 @@ func TestTerminalCleanUp(t *testing.T) {
 			}},
 		{"fail", wire.ExecFailed, "gave up", wire.CauseExecutionFailed, wire.EventExecutionFailed, nil,
 			func(fx *fixture, e *store.Execution, del *Delivery) {
-				if err := fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), "gave up"); err != nil {
+				if err := fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), FailRequest{Reason: "gave up"}); err != nil {
 					fx.t.Fatal(err)
 				}
 			}},
@@ -518,7 +518,7 @@ func TestTerminalCleanUp(t *testing.T) {
 			}
 			wantCode(t, fx.k.Heartbeat(fx.ctx, c, e.ID, hdr(del)), wire.CodeExecutionTerminal)
 			wantCode(t, fx.k.CancelExecution(fx.ctx, e.ID), wire.CodeExecutionTerminal)
-			wantCode(t, fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), "x"), wire.CodeExecutionTerminal)
+			wantCode(t, fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: "x"}), wire.CodeExecutionTerminal)
 			if err := fx.k.RecordDelivery(fx.ctx, del, DeliveryOutcome{HTTPStatus: 500}); err != nil {
 				t.Fatal(err)
 			}

@@ -219,7 +219,7 @@ func (o *op) finish() error {
 	if o.e == nil {
 		return nil
 	}
-	if o.enforce && (o.e.StepCount > o.k.cfg.MaxStepsPerExecution || o.e.ByteCount > o.k.cfg.MaxExecutionBytes) {
+	if o.overLimit() {
 		return errStorageLimit
 	}
 	if len(o.events) > 0 {
@@ -234,6 +234,12 @@ func (o *op) finish() error {
 		return fmt.Errorf("update execution: %w", err)
 	}
 	return nil
+}
+
+// overLimit reports whether the writes so far cross a storage limit
+// (docs/protocol/operations.md §2.4) that this operation enforces.
+func (o *op) overLimit() bool {
+	return o.enforce && (o.e.StepCount > o.k.cfg.MaxStepsPerExecution || o.e.ByteCount > o.k.cfg.MaxExecutionBytes)
 }
 
 // update runs fn in a transaction locked on executionID and finishes its op.

@@ -74,7 +74,7 @@ func TestFencing(t *testing.T) {
 			}
 			refused(fx.k.Heartbeat(fx.ctx, c, e.ID, w.old))
 			refused(fx.k.CompleteExecution(fx.ctx, c, e.ID, w.old, CompleteRequest{Output: []byte(`1`)}))
-			refused(fx.k.FailExecution(fx.ctx, c, e.ID, w.old, "stale"))
+			refused(fx.k.FailExecution(fx.ctx, c, e.ID, w.old, FailRequest{Reason: "stale"}))
 			// A terminal step: the old attempt learns nothing from a replay.
 			_, err = fx.k.RecordOutcome(fx.ctx, c, e.ID, w.done, w.old, OutcomeRequest{Succeeded: true})
 			refused(err)
@@ -136,7 +136,7 @@ func TestFencing(t *testing.T) {
 			}
 			wantCode(t, fx.k.Heartbeat(fx.ctx, c, e.ID, w.old), wire.CodeExecutionTerminal)
 			wantCode(t, fx.k.CompleteExecution(fx.ctx, c, e.ID, w.old, CompleteRequest{}), wire.CodeExecutionTerminal)
-			wantCode(t, fx.k.FailExecution(fx.ctx, c, e.ID, w.old, ""), wire.CodeExecutionTerminal)
+			wantCode(t, fx.k.FailExecution(fx.ctx, c, e.ID, w.old, FailRequest{Reason: ""}), wire.CodeExecutionTerminal)
 			dec, err = fx.k.RecordOutcome(fx.ctx, c, e.ID, w.done, w.old, OutcomeRequest{Succeeded: true})
 			if err != nil || dec.Decision != wire.DecisionExecutionTerminal {
 				t.Fatalf("stale outcome on a terminal execution = %+v, %v", dec, err)
@@ -177,7 +177,7 @@ func TestDispatchHeaderChecks(t *testing.T) {
 			}
 			check("heartbeat", fx.k.Heartbeat(fx.ctx, c, e.ID, tc.h))
 			check("complete", fx.k.CompleteExecution(fx.ctx, c, e.ID, tc.h, CompleteRequest{}))
-			check("fail", fx.k.FailExecution(fx.ctx, c, e.ID, tc.h, ""))
+			check("fail", fx.k.FailExecution(fx.ctx, c, e.ID, tc.h, FailRequest{Reason: ""}))
 			_, err := fx.k.RecordOutcome(fx.ctx, c, e.ID, s, tc.h, OutcomeRequest{Succeeded: true})
 			check("outcome", err)
 			check("delta", fx.k.StreamDelta(fx.ctx, c, e.ID, s, tc.h, 0, "x"))

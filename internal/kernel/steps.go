@@ -25,6 +25,8 @@ type SubmitRequest struct {
 	// Occurrence is the Rebuno-Step-Occurrence header, when HasOccurrence.
 	Occurrence    int64
 	HasOccurrence bool
+	// Outcome is an earlier step's outcome the submit carries (docs/protocol/steps.md §13).
+	Outcome *CarriedOutcome
 }
 
 // ResourceEntry is one entry of a proceed decision's resources (docs/protocol/steps.md §3).
@@ -117,12 +119,17 @@ func ValidResourceKey(key string) bool {
 }
 
 // SubmitStep is the heart of the protocol (docs/protocol/steps.md §2): it names the step, replays
-// what is recorded, and records what is new.
+// what is recorded, and records what is new. A submit may carry the outcome
+// of an earlier step, which is recorded first, in the same transaction
+// (docs/protocol/steps.md §13).
 func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h DispatchHeaders, r SubmitRequest) (*Decision, error) {
 	if h.ID == "" {
 		return nil, MissingDispatchID()
 	}
 	if err := validateSubmit(&r); err != nil {
+		return nil, err
+	}
+	if err := validateCarried(r.Outcome); err != nil {
 		return nil, err
 	}
 	args := r.Args
@@ -132,97 +139,147 @@ func (k *Kernel) SubmitStep(ctx context.Context, c Caller, id string, h Dispatch
 	argsHash := identity.ArgsHash(r.ArgsValue)
 
 	var dec *Decision
+	var refusal error
 	err := k.update(ctx, id, func(o *op) error {
-		dec = nil
-		d, err := o.agentWrite(id, c, h)
-		if isCode(err, wire.CodeExecutionTerminal) {
-			dec = terminalDecision()
-			return nil
-		}
-		if err != nil {
+		dec, refusal = nil, nil
+		if err := o.load(id, c); err != nil {
 			return err
 		}
-		for _, key := range r.Resources {
-			if !contains(o.e.ResourceKeys, key) {
-				return validation("resources", "unknown resource key %q", key)
-			}
-		}
-		// The occurrence is the next of this dispatch's counter, or the
-		// agent's when it names one. A named occurrence has two bounds: at
-		// most one past the highest recorded for the identity, and at most
-		// the counter's next, so that it can only be the call the agent makes
-		// next or a retry of one it made. mayExist says whether a step with
-		// the resulting id can be recorded already: not when the agent names
-		// the occurrence after the highest one, which spares each new step of
-		// such an agent a read.
-		consumed, hasCounter, err := o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
-		if err != nil {
-			return fmt.Errorf("read counter: %w", err)
-		}
-		next := int64(0)
-		if hasCounter {
-			next = consumed + 1
-		}
-		occ, mayExist := next, true
-		if r.HasOccurrence {
-			highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
-			if err != nil {
-				return fmt.Errorf("read occurrences: %w", err)
-			}
-			limit := int64(0)
-			if found {
-				limit = highest + 1
-			}
-			if r.Occurrence > limit || r.Occurrence > next {
-				return &Error{Code: wire.CodeValidation, Field: wire.HeaderStepOccurrence,
-					Message: "validation error: occurrence is ahead of the kernel"}
-			}
-			occ = r.Occurrence
-			mayExist = occ < limit
-		}
-		stepID := identity.StepID(o.e.ID, r.Kind, r.Target, argsHash, occ)
-
-		existing, err := (*store.Step)(nil), error(store.ErrNotFound)
-		if mayExist {
-			existing, err = o.tx.Step(o.ctx, o.e.ID, stepID)
-		}
-		switch {
-		case err == nil:
-			dec, err = o.replayStep(existing, d, h, r)
-			m := k.metrics
-			o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("true").Inc() })
-		case !errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("read step: %w", err)
-		case o.e.Status == wire.ExecBlocked:
-			dec = &Decision{Decision: wire.DecisionExecutionBlocked}
-			err = nil
-		default:
-			dec, err = o.recordNewStep(stepID, occ, argsHash, args, d, h, r)
-			m := k.metrics
-			o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("false").Inc() })
-		}
-		if err != nil {
+		d, superseded, stop, err := o.admitCarrying(r.Outcome, h)
+		if stop != nil || err != nil {
+			dec = stop
 			return err
 		}
-		if dec.StepID != "" {
-			dec.Occurrence = occ
-			if !hasCounter || occ > consumed {
-				if err := o.tx.RaiseCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash, occ); err != nil {
-					return fmt.Errorf("advance counter: %w", err)
-				}
+		plan, err := o.planSubmit(d, superseded, &r, argsHash)
+		if err != nil {
+			// A refused submit writes nothing; a carried outcome still
+			// stands, as if it had come alone (docs/protocol/steps.md §13).
+			refusal = err
+			if r.Outcome != nil && isRefusal(err) {
+				return nil
 			}
+			return err
 		}
-		// A blocked execution has no live dispatch to renew: the submit that
-		// blocked it released the dispatch, and d still holds its old row.
-		if dec.Decision != wire.DecisionExecutionTerminal && o.e.Status != wire.ExecBlocked {
-			return o.renew(d, h)
+		if dec, err = o.decideSubmit(plan, d, h, &r, args); err != nil {
+			return err
+		}
+		if r.Outcome != nil && o.overLimit() {
+			return errCarriedLimit
 		}
 		return nil
 	})
-	if errors.Is(err, errStorageLimit) {
+	switch {
+	case errors.Is(err, errStorageLimit):
 		return terminalDecision(), nil
+	case errors.Is(err, errCarriedLimit):
+		return terminalDecision(), k.recordThenFail(ctx, c, id, h, r.Outcome)
+	case err != nil:
+		return nil, err
+	case refusal != nil:
+		return nil, refusal
 	}
-	return dec, err
+	return dec, nil
+}
+
+// submitPlan is what a submit's admission decided: the step it names and
+// whether that step can already exist.
+type submitPlan struct {
+	stepID     string
+	argsHash   string
+	occ        int64
+	consumed   int64
+	hasCounter bool
+	mayExist   bool
+}
+
+// planSubmit applies the checks of docs/protocol/steps.md §2 steps 9–11 once the request is
+// admitted. It writes nothing: every refusal of a submit comes from here, so
+// that a carried outcome can commit alone when the submit is refused.
+func (o *op) planSubmit(d *store.Dispatch, superseded bool, r *SubmitRequest, argsHash string) (*submitPlan, error) {
+	if superseded {
+		return nil, o.k.refuseSuperseded()
+	}
+	for _, key := range r.Resources {
+		if !contains(o.e.ResourceKeys, key) {
+			return nil, validation("resources", "unknown resource key %q", key)
+		}
+	}
+	// The occurrence is the next of this dispatch's counter, or the
+	// agent's when it names one. A named occurrence has two bounds: at
+	// most one past the highest recorded for the identity, and at most
+	// the counter's next, so that it can only be the call the agent makes
+	// next or a retry of one it made. mayExist says whether a step with
+	// the resulting id can be recorded already: not when the agent names
+	// the occurrence after the highest one, which spares each new step of
+	// such an agent a read.
+	p := &submitPlan{argsHash: argsHash, mayExist: true}
+	var err error
+	p.consumed, p.hasCounter, err = o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
+	if err != nil {
+		return nil, fmt.Errorf("read counter: %w", err)
+	}
+	if p.hasCounter {
+		p.occ = p.consumed + 1
+	}
+	if r.HasOccurrence {
+		highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
+		if err != nil {
+			return nil, fmt.Errorf("read occurrences: %w", err)
+		}
+		limit := int64(0)
+		if found {
+			limit = highest + 1
+		}
+		if r.Occurrence > limit || r.Occurrence > p.occ {
+			return nil, &Error{Code: wire.CodeValidation, Field: wire.HeaderStepOccurrence,
+				Message: "validation error: occurrence is ahead of the kernel"}
+		}
+		p.occ = r.Occurrence
+		p.mayExist = p.occ < limit
+	}
+	p.stepID = identity.StepID(o.e.ID, r.Kind, r.Target, argsHash, p.occ)
+	return p, nil
+}
+
+// decideSubmit answers an admitted submit (docs/protocol/steps.md §2 steps 12–17).
+func (o *op) decideSubmit(p *submitPlan, d *store.Dispatch, h DispatchHeaders, r *SubmitRequest, args []byte) (*Decision, error) {
+	existing, err := (*store.Step)(nil), error(store.ErrNotFound)
+	if p.mayExist {
+		existing, err = o.tx.Step(o.ctx, o.e.ID, p.stepID)
+	}
+	m := o.k.metrics
+	var dec *Decision
+	switch {
+	case err == nil:
+		dec, err = o.replayStep(existing, d, h, *r)
+		o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("true").Inc() })
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("read step: %w", err)
+	case o.e.Status == wire.ExecBlocked:
+		dec, err = &Decision{Decision: wire.DecisionExecutionBlocked}, nil
+	default:
+		dec, err = o.recordNewStep(p.stepID, p.occ, p.argsHash, args, d, h, *r)
+		o.tx.AfterCommit(func() { m.ReplayTotal.WithLabelValues("false").Inc() })
+	}
+	if err != nil {
+		return nil, err
+	}
+	if dec.StepID != "" {
+		dec.Occurrence = p.occ
+		if !p.hasCounter || p.occ > p.consumed {
+			if err := o.tx.RaiseCounter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, p.argsHash, p.occ); err != nil {
+				return nil, fmt.Errorf("advance counter: %w", err)
+			}
+		}
+	}
+	// A blocked execution has no live dispatch to renew: the submit that
+	// blocked it released the dispatch, and d still holds its old row.
+	if dec.Decision != wire.DecisionExecutionTerminal && o.e.Status != wire.ExecBlocked {
+		if err := o.renew(d, h); err != nil {
+			return nil, err
+		}
+	}
+	return dec, nil
 }
 
 // replayStep answers a submit of a step that already exists (docs/protocol/steps.md §5).
@@ -510,50 +567,60 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 		if err != nil {
 			return err
 		}
-		switch {
-		case s.Status == wire.StepExecuting:
-			o.enforce = true
-			value := nullIfEmpty(r.Value)
-			o.e.ByteCount += int64(len(value))
-			s.CompletedAt = o.now
-			if r.Succeeded {
-				s.Status = wire.StepSucceeded
-				s.Result = value
-				o.emit(wire.EventStepSucceeded, stepPayload(s))
-			} else {
-				s.Status = wire.StepFailed
-				s.Error = value
-				s.ErrorReason = errorReason(value)
-				o.emit(wire.EventStepFailed, stepPayload(s).Raw("error", value))
-			}
-			s.TerminalSeq = o.e.LastSeq
-			o.stopWriting(s)
-			if err := o.tx.UpdateStep(o.ctx, s); err != nil {
-				return fmt.Errorf("record step outcome: %w", err)
-			}
-			if err := o.processCaptures(r.Captures, s); err != nil {
-				return err
-			}
-			dec = &Decision{Decision: wire.DecisionRecorded}
-			if !superseded {
-				return o.progress(d, h)
-			}
-			return nil
-		case superseded:
-			return k.refuseSuperseded()
-		case s.Status == wire.StepSucceeded:
-			dec = &Decision{Decision: wire.DecisionReplay, Result: nullIfEmpty(s.Result)}
-		case wire.StepTerminal(s.Status):
-			dec = &Decision{Decision: wire.DecisionReplay, Error: nullIfEmpty(s.Error)}
-		default:
-			return errConflict("step is not executing")
+		dec, err = o.applyOutcome(s, d, superseded, h, r)
+		if err == nil && dec.Decision == wire.DecisionRecorded {
+			m := k.metrics
+			o.tx.AfterCommit(func() { m.StepOutcomes.WithLabelValues("separate").Inc() })
 		}
-		return nil
+		return err
 	})
 	if errors.Is(err, errStorageLimit) {
 		return terminalDecision(), nil
 	}
 	return dec, err
+}
+
+// applyOutcome applies docs/protocol/steps.md §10 steps 4–7 to an admitted request: it
+// records the outcome of an executing step, or answers what is recorded.
+func (o *op) applyOutcome(s *store.Step, d *store.Dispatch, superseded bool, h DispatchHeaders, r OutcomeRequest) (*Decision, error) {
+	switch {
+	case s.Status == wire.StepExecuting:
+		o.enforce = true
+		value := nullIfEmpty(r.Value)
+		o.e.ByteCount += int64(len(value))
+		s.CompletedAt = o.now
+		if r.Succeeded {
+			s.Status = wire.StepSucceeded
+			s.Result = value
+			o.emit(wire.EventStepSucceeded, stepPayload(s))
+		} else {
+			s.Status = wire.StepFailed
+			s.Error = value
+			s.ErrorReason = errorReason(value)
+			o.emit(wire.EventStepFailed, stepPayload(s).Raw("error", value))
+		}
+		s.TerminalSeq = o.e.LastSeq
+		o.stopWriting(s)
+		if err := o.tx.UpdateStep(o.ctx, s); err != nil {
+			return nil, fmt.Errorf("record step outcome: %w", err)
+		}
+		if err := o.processCaptures(r.Captures, s); err != nil {
+			return nil, err
+		}
+		if !superseded {
+			if err := o.progress(d, h); err != nil {
+				return nil, err
+			}
+		}
+		return &Decision{Decision: wire.DecisionRecorded}, nil
+	case superseded:
+		return nil, o.k.refuseSuperseded()
+	case s.Status == wire.StepSucceeded:
+		return &Decision{Decision: wire.DecisionReplay, Result: nullIfEmpty(s.Result)}, nil
+	case wire.StepTerminal(s.Status):
+		return &Decision{Decision: wire.DecisionReplay, Error: nullIfEmpty(s.Error)}, nil
+	}
+	return nil, errConflict("step is not executing")
 }
 
 // errorReason extracts error.reason for the indeterminate lookup (docs/protocol/steps.md §8).

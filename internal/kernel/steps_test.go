@@ -634,7 +634,7 @@ func TestExecutionBlockedRefusesNewStepsOnly(t *testing.T) {
 	// Complete and fail of a blocked execution are conflicts.
 	err := fx.k.CompleteExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), CompleteRequest{})
 	wantMessage(t, err, wire.CodeConflict, "conflict: execution is blocked awaiting approval")
-	err = fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), "x")
+	err = fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), FailRequest{Reason: "x"})
 	wantMessage(t, err, wire.CodeConflict, "conflict: execution is blocked awaiting approval")
 }
 

@@ -27,6 +27,7 @@ type Metrics struct {
 	ApprovalOutcomes     *prometheus.CounterVec
 	ApprovalWait         prometheus.Histogram
 	StepsSubmitted       *prometheus.CounterVec
+	StepOutcomes         *prometheus.CounterVec
 	ExecutionsCreated    prometheus.Counter
 	ExecutionsCompleted  *prometheus.CounterVec
 	WorkerErrors         *prometheus.CounterVec
@@ -71,6 +72,8 @@ func New() *Metrics {
 			Help: "Time from an approval request to its decision.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
 		StepsSubmitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "steps_submitted_total",
 			Help: "New steps recorded, by kind."}, []string{"kind"}),
+		StepOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "step_outcomes_total",
+			Help: "Step outcomes recorded, by how they arrived: their own complete or fail, or carried by the next request."}, []string{"route"}),
 		ExecutionsCreated: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "executions_created_total",
 			Help: "Executions created."}),
 		ExecutionsCompleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "executions_completed_total",
@@ -102,7 +105,7 @@ func New() *Metrics {
 	}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ReplayTotal, m.DispatchOutcomes, m.DispatchLatency, m.DispatchesReclaimed, m.DispatchSuperseded, m.QueueDepth,
-		m.PolicyLatency, m.PolicyDecisions, m.ApprovalOutcomes, m.ApprovalWait, m.StepsSubmitted, m.ExecutionsCreated,
+		m.PolicyLatency, m.PolicyDecisions, m.ApprovalOutcomes, m.ApprovalWait, m.StepsSubmitted, m.StepOutcomes, m.ExecutionsCreated,
 		m.ExecutionsCompleted, m.WorkerErrors, m.RateLimitDecisions, m.HTTPRequests, m.HTTPDuration, m.StreamConnections,
 		m.WaitingReads, m.StoreCommitBatchSize, m.StoreCommitSeconds, m.Checkpoints, m.CheckpointFailures, m.Forks, m.ForkDuration)
 	for _, w := range []string{"dispatcher", "lease_reclaim", "deadline", "approval_expiry", "idempotency_sweep", "retention"} {
@@ -122,6 +125,9 @@ func New() *Metrics {
 	}
 	for _, v := range []string{wire.KindToolCall, wire.KindLLMCall, wire.KindLocal} {
 		m.StepsSubmitted.WithLabelValues(v)
+	}
+	for _, v := range []string{"separate", "carried"} {
+		m.StepOutcomes.WithLabelValues(v)
 	}
 	for _, v := range wire.ExecTerminalStatuses {
 		m.ExecutionsCompleted.WithLabelValues(v)

@@ -91,6 +91,27 @@ type SignatureFile struct {
 	Occurrences []Occurrence `json:"occurrences"`
 }
 
+// CarriedOutcome is one case of carried-outcomes.json: a carrier's body as
+// the SDKs write it, and what it carries.
+type CarriedOutcome struct {
+	Name    string `json:"name"`
+	Carrier string `json:"carrier"` // "submit", "complete" or "fail"
+	Outcome struct {
+		StepID    string `json:"step_id"`
+		Succeeded bool   `json:"succeeded"`
+		Value     string `json:"value"`
+	} `json:"outcome"`
+	Body string `json:"body"`
+}
+
+// CarriedOutcomeFile is carried-outcomes.json.
+type CarriedOutcomeFile struct {
+	Cases []CarriedOutcome `json:"cases"`
+}
+
+// LoadCarriedOutcomes reads carried-outcomes.json.
+func LoadCarriedOutcomes() CarriedOutcomeFile { return load[CarriedOutcomeFile]("carried-outcomes.json") }
+
 // LoadCanonical reads canonical-json.json.
 func LoadCanonical() CanonicalFile { return load[CanonicalFile]("canonical-json.json") }
 

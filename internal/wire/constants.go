@@ -189,11 +189,21 @@ const (
 	HeaderLastEventID         = "Last-Event-ID"
 	HeaderRetryAfter          = "Retry-After"
 	HeaderAllow               = "Allow"
+	// HeaderExtensions lists the protocol extensions the kernel accepts on
+	// submit answers (docs/protocol/steps.md §13).
+	HeaderExtensions = "Rebuno-Extensions"
 	SignaturePrefixV1         = "v1="
 	SignaturePrefixLegacy     = "sha256="
 	SignatureMessagePrefix    = "rebuno-request-v1"
 	// OccurrenceMessagePrefix starts the message an occurrence signature covers.
 	OccurrenceMessagePrefix = "rebuno-occurrence-v1"
+)
+
+// Protocol extensions, advertised in Rebuno-Extensions.
+const (
+	// ExtCarriedOutcome lets a submit, execution complete or fail carry an
+	// earlier step's outcome (docs/protocol/steps.md §13).
+	ExtCarriedOutcome = "carried-outcome"
 )
 
 // Limits (docs/protocol/README.md §6).

@@ -98,6 +98,9 @@ type cxWorkload struct {
 	a     *kt.Agent
 	ref   cxAgentRef
 	steps int
+	// carried: each outcome travels with the next submit, the last with the
+	// execution complete (docs/protocol/steps.md §13); a 200 to the carrier acknowledges it.
+	carried bool
 
 	mu              sync.Mutex
 	newest          map[string]int64  // execution → newest attempt seen
@@ -157,13 +160,18 @@ func (w *cxWorkload) abandon(what string, err error) {
 func (w *cxWorkload) handle(wh kt.Webhook) {
 	l := kt.LeaseOf(wh)
 	base := "/v0/executions/" + wh.ExecutionID
+	var pending *cxOutcome // the outcome the next request carries
 	for i := 0; i < w.steps; i++ {
-		body := fmt.Sprintf(`{"kind":"tool_call","target":"work","args":{"i":%d}}`, i)
+		body := fmt.Sprintf(`{"kind":"tool_call","target":"work","args":{"i":%d}%s}`, i, pending.member())
 		d, err := cxCallDecision(w.ref, "POST", base+"/steps", body, l)
 		if err != nil {
 			w.abandon("submit", err)
 			return
 		}
+		if pending != nil && d.Decision != "execution_terminal" {
+			w.ack(pending.step, pending.result)
+		}
+		pending = nil
 		switch d.Decision {
 		case "proceed":
 			w.mu.Lock()
@@ -173,6 +181,10 @@ func (w *cxWorkload) handle(wh kt.Webhook) {
 			w.runs[d.StepID]++
 			w.mu.Unlock()
 			result := fmt.Sprintf(`{"i":%d,"attempt":%d}`, i, wh.DispatchAttempt)
+			if w.carried {
+				pending = &cxOutcome{step: d.StepID, result: result}
+				continue
+			}
 			c, err := cxCallDecision(w.ref, "POST", base+"/steps/"+d.StepID+"/complete", `{"result":`+result+`}`, l)
 			if err != nil {
 				w.abandon("complete", err)
@@ -197,16 +209,30 @@ func (w *cxWorkload) handle(wh kt.Webhook) {
 			return
 		}
 	}
-	status, out, err := cxCall(w.ref, "POST", base+"/complete", `{"output":{"done":true}}`, l)
+	status, out, err := cxCall(w.ref, "POST", base+"/complete", `{"output":{"done":true}`+pending.member()+`}`, l)
 	switch {
 	case err != nil:
 	case status == 204 || status == 409 && strings.Contains(string(out), `"execution_terminal"`):
+		if status == 204 && pending != nil {
+			w.ack(pending.step, pending.result)
+		}
 		w.mu.Lock()
 		w.finished[wh.ExecutionID] = true
 		w.mu.Unlock()
 	default:
 		w.abandon("execution complete", &cxHTTPError{Status: status, Body: out})
 	}
+}
+
+// cxOutcome is a step outcome waiting for its carrier.
+type cxOutcome struct{ step, result string }
+
+// member is the carrier's outcome member, "" when nothing waits.
+func (o *cxOutcome) member() string {
+	if o == nil {
+		return ""
+	}
+	return `,"outcome":{"step_id":"` + o.step + `","result":` + o.result + `}`
 }
 
 func (w *cxWorkload) ack(step, result string) {
@@ -239,11 +265,18 @@ func (w *cxWorkload) learn(step, result string) {
 // a concurrent workload and checks, after a restart on the same database,
 // that every acknowledged outcome survived and replays, that no acknowledged
 // step runs again, and that every execution completes with a gap-free log.
-func TestCrashConcurrentWorkload(t *testing.T) {
+func TestCrashConcurrentWorkload(t *testing.T) { crashWorkload(t, false) }
+
+// TestCrashConcurrentWorkloadCarried is the same with every outcome carried
+// by the next request: the kill falls between batches of an outcome and the
+// next step's start, and an acknowledged carrier lost neither.
+func TestCrashConcurrentWorkloadCarried(t *testing.T) { crashWorkload(t, true) }
+
+func crashWorkload(t *testing.T, carried bool) {
 	const executions, steps = 16, 10
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-max-attempts", "50"}})
 	t.Cleanup(cxAgentClient.CloseIdleConnections)
-	w := &cxWorkload{t: t, a: k.NewAgent("crash-agent", `"lease_timeout_seconds":40`), steps: steps,
+	w := &cxWorkload{t: t, a: k.NewAgent("crash-agent", `"lease_timeout_seconds":40`), steps: steps, carried: carried,
 		newest: map[string]int64{}, runs: map[string]int{}, known: map[string]string{}, acked: map[string]bool{},
 		ackedBeforeKill: map[string]bool{}, finished: map[string]bool{},
 		milestone: executions * steps / 3, reached: make(chan struct{})}

@@ -60,6 +60,9 @@ type crashAgent struct {
 	// redelivered counts deliveries of a later attempt: leases that the
 	// survivor reclaimed.
 	redelivered atomic.Int64
+	// carried: each outcome travels with the next submit or the execution's
+	// complete (docs/protocol/steps.md §13); a 200 or 204 to the carrier records it.
+	carried bool
 }
 
 const crashSteps = 3
@@ -74,14 +77,19 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 	}
 	lease := kt.LeaseOf(wh)
 	lease.Occurrence = 0 // each step's args are distinct: its first occurrence
+	var pending, pendingID string // the step whose outcome the next request carries
 	for i := range crashSteps {
 		ans, err := c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps",
-			fmt.Appendf(nil, `{"kind":"tool_call","target":"work","args":{"step":%d}}`, i), lease)
+			fmt.Appendf(nil, `{"kind":"tool_call","target":"work","args":{"step":%d}%s}`, i, carriedOutcome(pendingID)), lease)
 		if err != nil || ans.status != 200 {
 			return // superseded, or no replica answered: a later attempt runs it
 		}
 		var d kt.Decision
 		json.Unmarshal(ans.body, &d)
+		if pending != "" && d.Decision != "execution_terminal" {
+			c.recorded(pending)
+		}
+		pending = ""
 		key := fmt.Sprintf("%s/%d", wh.ExecutionID, i)
 		switch d.Decision {
 		case "replay":
@@ -97,27 +105,53 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 		}
 		c.mu.Unlock()
 		time.Sleep(stepWork)
+		if c.carried {
+			pending, pendingID = key, d.StepID
+			continue
+		}
 		ans, err = c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps/"+d.StepID+"/complete", []byte(`{"result":{"ok":true}}`), lease)
 		if err != nil || ans.status != 200 {
 			return
 		}
-		c.mu.Lock()
-		c.succeeded[key] = true
-		c.mu.Unlock()
-		c.progress.Add(1)
+		c.recorded(key)
 	}
-	c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}}`), lease)
+	ans, err := c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}`+carriedOutcome(pendingID)+`}`), lease)
+	if err == nil && ans.status == 204 && pending != "" {
+		c.recorded(pending)
+	}
+}
+
+func (c *crashAgent) recorded(key string) {
+	c.mu.Lock()
+	c.succeeded[key] = true
+	c.mu.Unlock()
+	c.progress.Add(1)
+}
+
+// carriedOutcome is the outcome member a carrier adds, "" when none waits.
+func carriedOutcome(stepID string) string {
+	if stepID == "" {
+		return ""
+	}
+	return `,"outcome":{"step_id":"` + stepID + `","result":{"ok":true}}`
 }
 
 // kill -9 of one replica while executions are in flight: the survivor
 // delivers what the dead one had claimed once its leases expire, every
 // execution completes, and no step recorded as succeeded runs again.
-func TestReplicaKilledMidRun(t *testing.T) {
+func TestReplicaKilledMidRun(t *testing.T) { replicaKilledMidRun(t, false) }
+
+// TestReplicaKilledMidRunCarried is the same with every outcome carried by
+// the next request: an acknowledged carrier's outcome is never lost, and no
+// step it recorded runs again.
+func TestReplicaKilledMidRunCarried(t *testing.T) { replicaKilledMidRun(t, true) }
+
+func replicaKilledMidRun(t *testing.T, carried bool) {
 	_, ks := replicas(t, 2, "--dispatch-lease-timeout", "4s", "--dispatch-timeout", "2s",
 		"--dispatch-backoff-base", "100ms", "--dispatch-backoff-max", "500ms")
 	r1, r2 := ks[0], ks[1]
 	a1 := r1.NewAgent("crash-agent", "")
-	c := &crashAgent{t: t, runs: map[string]int{}, succeeded: map[string]bool{},
+	c := &crashAgent{t: t, runs: map[string]int{}, succeeded: map[string]bool{}, carried: carried,
 		lb: &balancer{agents: []*kt.Agent{a1, a1.Via(r2)}, client: &http.Client{Timeout: 10 * time.Second}}}
 	stop := make(chan struct{})
 	defer close(stop)

@@ -174,7 +174,8 @@ func (c *client) complete(execID, stepID string, l lease, result string) (decisi
 	return d, nil
 }
 
-// finish completes the execution.
+// finish completes the execution; output may be followed by more members
+// (a carried outcome).
 func (c *client) finish(execID string, l lease, output string) error {
 	_, _, err := c.signed("POST", "/v0/executions/"+execID+"/complete", []byte(`{"output":`+output+`}`), l, -1, http.StatusNoContent)
 	return err

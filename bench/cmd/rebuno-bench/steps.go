@@ -21,7 +21,9 @@ func pause(ctx context.Context) {
 // stepWorker runs one execution at a time, each a loop of tool steps: submit
 // (→ proceed) then complete (→ recorded). Every submit carries distinct args,
 // so each is a new step, and Rebuno-Step-Occurrence as this project's SDKs
-// send it.
+// send it. With carried, a step is one request: each submit carries the
+// previous step's outcome, and the execution's complete the last one
+// (docs/protocol/steps.md §13), as this project's SDKs send them.
 type stepWorker struct {
 	c       *client
 	r       *receiver
@@ -29,6 +31,7 @@ type stepWorker struct {
 	from    time.Time // measured window
 	to      time.Time
 	perExec int
+	carried bool
 
 	sub, comp, pair []time.Duration
 	steps           int64 // steps whose complete returned inside the window
@@ -37,17 +40,18 @@ type stepWorker struct {
 
 func (w *stepWorker) run(ctx context.Context) {
 	var (
-		id  string
-		l   lease
-		n   int
-		buf = make([]byte, 0, 128)
+		id      string
+		l       lease
+		n       int
+		buf     = make([]byte, 0, 256)
+		pending string // the outcome member the next request carries
 	)
 	finish := func() {
 		if id != "" {
-			if err := w.c.finish(id, l, fmt.Sprintf(`{"steps":%d}`, n)); err != nil {
+			if err := w.c.finish(id, l, fmt.Sprintf(`{"steps":%d}%s`, n, pending)); err != nil {
 				w.errs.add(err)
 			}
-			id = ""
+			id, pending = "", ""
 		}
 	}
 	defer finish()
@@ -63,7 +67,7 @@ func (w *stepWorker) run(ctx context.Context) {
 			id, l, n = newID, wh.lease(), 0
 			w.executions++
 		}
-		buf = fmt.Appendf(buf[:0], `{"kind":"tool_call","target":"bench.echo","args":{"i":%d}}`, n)
+		buf = fmt.Appendf(buf[:0], `{"kind":"tool_call","target":"bench.echo","args":{"i":%d}%s}`, n, pending)
 		t0 := time.Now()
 		d, err := w.c.submit(id, l, buf, 0)
 		t1 := time.Now()
@@ -72,8 +76,19 @@ func (w *stepWorker) run(ctx context.Context) {
 		}
 		if err != nil {
 			w.errs.add(err)
-			id = "" // abandon the execution; its lease simply lapses
+			id, pending = "", "" // abandon the execution; its lease simply lapses
 			pause(ctx)
+			continue
+		}
+		if w.carried {
+			pending = `,"outcome":{"step_id":"` + d.StepID + `","result":{"ok":true}}`
+			n++
+			if !t1.Before(w.from) && t1.Before(w.to) {
+				w.steps++
+			}
+			if !t0.Before(w.from) && t1.Before(w.to) {
+				w.sub = append(w.sub, t1.Sub(t0))
+			}
 			continue
 		}
 		cd, err := w.c.complete(id, d.StepID, l, `{"ok":true}`)
@@ -184,6 +199,14 @@ func (b *bench) runP1(ctx context.Context) *metricResult {
 	m.addLatency("complete (→ recorded)", w.comp)
 	m.addValue("steps in window", float64(w.steps), "")
 	m.addValue("rate (sequential)", float64(w.steps)/b.cfg.Duration.Seconds(), "steps/s")
+
+	// The same load with carried outcomes, in a window of its own on the
+	// same kernel: one request and one durable commit per step.
+	from, to = b.window()
+	cw := &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec, carried: true}
+	cw.run(ctx)
+	m.addLatency("carried step (one submit carrying the previous outcome)", cw.sub)
+	m.addValue("carried rate (sequential)", float64(cw.steps)/b.cfg.Duration.Seconds(), "steps/s")
 	if pair.N > 0 {
 		m.addTarget("pair p50", "≤ 1 ms", ms(pair.P50), pair.P50 <= time.Millisecond)
 		m.addTarget("pair p99", "≤ 5 ms", ms(pair.P99), pair.P99 <= 5*time.Millisecond)
@@ -191,7 +214,7 @@ func (b *bench) runP1(ctx context.Context) *metricResult {
 		m.addTarget("pair p50", "≤ 1 ms", "no samples", false)
 	}
 	m.note("Postgres: not measured — this build has no Postgres store (`rebuno server` is not available yet)")
-	m.note("each step is a new tool_call with distinct args; two durable commits per step (submit, complete)")
+	m.note("each step is a new tool_call with distinct args; two durable commits per step (submit, complete); with carried outcomes (docs/protocol/steps.md §13) one")
 	return m
 }
 

@@ -10,7 +10,7 @@ import json
 import httpx2
 
 from rebuno import Client
-from rebuno._kernel import KernelClient, Lease, LeaseClock
+from rebuno._kernel import KernelClient, Lease, LeaseClock, Outcome
 from rebuno.signing import sign_occurrence
 
 SECRET = "s3cret-agent-key"
@@ -60,8 +60,8 @@ async def test_every_agent_request_with_a_body_is_json() -> None:
     kc = _kernel_client(seen)
     lease = _lease()
     await kc.submit(EID, lease, b'{"kind":"local","target":"t","args":{},"idempotency":"safe_to_retry"}', 0)
-    await kc.step_outcome(EID, STEP, lease, succeeded=True, value_json="1")
-    await kc.step_outcome(EID, STEP, lease, succeeded=False, value_json='{"message":"x"}')
+    await kc.step_outcome(EID, lease, Outcome(STEP, True, "1"))
+    await kc.step_outcome(EID, lease, Outcome(STEP, False, '{"message":"x"}'))
     await kc.stream_delta(EID, STEP, lease, 0, "hi")
     await kc.register_resource(EID, lease, {"key": "ws", "driver_id": "d"})
     await kc.bind_resource(EID, lease, "ws", {"path": "/w"})
@@ -107,7 +107,7 @@ async def test_a_submit_binds_its_occurrence_to_the_request() -> None:
     body = b'{"kind":"local","target":"t","args":{},"idempotency":"safe_to_retry"}'
     for occurrence in (0, 7):
         await kc.submit(EID, lease, body, occurrence)
-    await kc.step_outcome(EID, STEP, lease, succeeded=True, value_json="1")
+    await kc.step_outcome(EID, lease, Outcome(STEP, True, "1"))
     await kc.aclose()
     submits, outcome = seen[:2], seen[2]
     assert [r.headers["rebuno-step-occurrence"] for r in submits] == ["0", "7"]

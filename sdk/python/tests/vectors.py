@@ -11,5 +11,6 @@ DIR = Path(__file__).resolve().parents[3] / "docs" / "protocol" / "vectors"
 
 
 def load(name: str) -> Any:
-    """One vectors file, parsed (`canonical-json`, `step-ids`, `signatures`, `local-directory`)."""
+    """One vectors file, parsed (`canonical-json`, `step-ids`, `signatures`, `local-directory`,
+    `carried-outcomes`)."""
     return json.loads((DIR / f"{name}.json").read_text(encoding="utf-8"))

@@ -334,6 +334,9 @@ export class Agent {
       else if (e instanceof APIError) log.error(`rebuno: dispatch ${ctx.dispatchId} of ${ctx.executionId}: kernel refused a request: ${e.message}`);
       else log.error(`rebuno: dispatch ${ctx.dispatchId} of ${ctx.executionId} crashed`, e);
     } finally {
+      // A finished step's outcome still waiting for a carrier is sent
+      // alone: whatever ended the dispatch, its effect ran.
+      await ctx.outbox.flush();
       stopBeating();
     }
   }
@@ -425,7 +428,7 @@ export class Agent {
   }
 
   private async finish(ctx: ExecutionContext, outcome: { outputJson: string } | { reason: string }): Promise<void> {
-    const recorded = await this.kernel.finishExecution(ctx.executionId, ctx.lease, outcome);
+    const recorded = await ctx.finish(outcome);
     if (!recorded) log.info(`rebuno: execution ${ctx.executionId} was already terminal`);
   }
 }

@@ -18,7 +18,7 @@
 import { Blocked, isRecord, PolicyError, RateLimited, Terminated, ToolError } from "./errors.js";
 import { type ExecutionContext, requireContext, runInStep } from "./execution.js";
 import { canonicalJson, NotJsonError, typeName } from "./identity.js";
-import type { Capture, CaptureFailure } from "./kernel.js";
+import { type Capture, type CaptureFailure, Outcome } from "./kernel.js";
 import { StepGuard, validResourceKey } from "./resources.js";
 import type { Decision } from "./types.js";
 
@@ -123,13 +123,20 @@ export function decisionOutcome(ctx: ExecutionContext, target: string, d: Decisi
 /**
  * Record a step's outcome with the captures taken after its body. Returns
  * undefined when recorded, or the kernel's stored outcome (a `replay`
- * decision) when an earlier try recorded one.
+ * decision) when an earlier try recorded one. With `defer` (a
+ * `safe_to_retry` step) the outcome may instead wait for the dispatch's next
+ * request to carry it (docs/protocol/steps.md §13); the value the code goes
+ * on with is then its own.
  */
 export async function report(ctx: ExecutionContext, target: string, stepId: string, succeeded: boolean, valueJson: string,
-  captures: [Capture[], CaptureFailure[]] = [[], []]): Promise<Decision | undefined> {
+  captures: [Capture[], CaptureFailure[]] = [[], []], defer = false): Promise<Decision | undefined> {
+  const outcome = new Outcome(stepId, succeeded, valueJson, captures[0], captures[1]);
+  // Outcomes reach the kernel in the order their steps ended.
+  if (!ctx.outbox.idle) await ctx.outbox.flush();
+  if (defer && ctx.outbox.defer(outcome)) return undefined;
   let d: Decision;
   try {
-    d = await ctx.kernel.stepOutcome(ctx.executionId, stepId, ctx.lease, { succeeded, valueJson, captures: captures[0], captureFailures: captures[1] });
+    d = await ctx.kernel.stepOutcome(ctx.executionId, ctx.lease, outcome);
   } catch (e) {
     if (e instanceof Terminated) throw ctx.terminated(e);
     throw e;
@@ -169,6 +176,9 @@ async function runLocked(ctx: ExecutionContext, guard: StepGuard, kind: string, 
   const stepId = decision.stepId ?? "";
   guard.started(decision);
   const label = `${options.what} (${stepId.slice(0, 12)})`;
+  // An at_most_once outcome is durable before the call returns: an
+  // unreported run of such a step is never run again.
+  const defer = options.idempotency === "safe_to_retry";
   let value: unknown;
   try {
     value = await guard.body(() => runInStep(stepId, body));
@@ -178,7 +188,7 @@ async function runLocked(ctx: ExecutionContext, guard: StepGuard, kind: string, 
     if (e instanceof Blocked || e instanceof Terminated) throw e;
     if (ctx.signal !== undefined) throw ctx.signal;
     const error = errorValue(e);
-    const stored = await report(ctx, target, stepId, false, JSON.stringify(error), await guard.captures(label));
+    const stored = await report(ctx, target, stepId, false, JSON.stringify(error), await guard.captures(label), defer);
     if (stored) return decisionOutcome(ctx, target, stored);
     throw new ToolError(target, error.message, { error, stepId, cause: e });
   }
@@ -190,7 +200,7 @@ async function runLocked(ctx: ExecutionContext, guard: StepGuard, kind: string, 
     await report(ctx, target, stepId, false, JSON.stringify({ message, type: "TypeError" }), await guard.captures(label));
     throw new ToolError(target, message, { stepId, cause: e });
   }
-  const stored = await report(ctx, target, stepId, true, text, await guard.captures(label));
+  const stored = await report(ctx, target, stepId, true, text, await guard.captures(label), defer);
   if (stored) return decisionOutcome(ctx, target, stored);
   return JSON.parse(text) as unknown;
 }

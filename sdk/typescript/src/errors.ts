@@ -85,8 +85,10 @@ export class Blocked extends RebunoError {
 /**
  * Control flow: this dispatch must stop. `reason` is `execution_terminal`
  * (completed, failed or cancelled), `lease_superseded` (a newer attempt owns
- * the execution), `abandoned` (the kernel was unreachable for a whole lease)
- * or `closed` (the agent is shutting down).
+ * the execution), `abandoned` (the kernel was unreachable for a whole lease,
+ * or did not record a step outcome), `outcome_conflict` (another run of a
+ * step recorded a different outcome than the one this handler went on with;
+ * the next attempt replays it) or `closed` (the agent is shutting down).
  */
 export class Terminated extends RebunoError {
   readonly reason: string;

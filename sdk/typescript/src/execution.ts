@@ -12,13 +12,16 @@
  *   contacting the kernel;
  * - the **occurrence counters** of this attempt: calls with the same
  *   identity are submitted one at a time, in the order they started, each
- *   with the occurrence the SDK expects.
+ *   with the occurrence the SDK expects;
+ * - the **outbox**: a step outcome waiting to travel with the next submit or
+ *   with the execution's end (docs/protocol/steps.md §13, `outbox.ts`).
  */
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { Blocked, installSignalLookup, Terminated } from "./errors.js";
 import { argsHash, quote } from "./identity.js";
 import type { KernelClient, Lease } from "./kernel.js";
+import { Outbox } from "./outbox.js";
 import { ResourceState } from "./resource-state.js";
 import type { Decision } from "./types.js";
 
@@ -48,6 +51,8 @@ export class ExecutionContext {
   stopping = false;
   /** @internal Resources opened in this dispatch, generations and the step lock. */
   readonly resources = new ResourceState();
+  /** @internal The step outcome waiting for a carrier. */
+  readonly outbox = new Outbox(this);
   private readonly abort = new AbortController();
   private readonly counters = new Map<string, number>();
   private readonly tails = new Map<string, Promise<void>>();
@@ -109,6 +114,29 @@ export class ExecutionContext {
     this.markStopping();
   }
 
+  /**
+   * Resolve once the kernel has recorded the outcome of every step this
+   * dispatch has finished. A `safe_to_retry` step's outcome is sent with the
+   * next step or the execution's end, or alone within a few milliseconds, so
+   * a step call can return before its outcome is durable
+   * (docs/protocol/steps.md §13). Call this before handing a step's result to
+   * the outside world other than through another step. Throws `Terminated`
+   * when an outcome could not be recorded: the dispatch then stops, and the
+   * next attempt runs the step again or replays what was recorded.
+   */
+  async flush(): Promise<void> {
+    await this.outbox.flush();
+    this.check();
+  }
+
+  /**
+   * @internal Complete (with `outputJson`) or fail the execution, carrying the
+   * waiting step outcome. Resolves false when it was already terminal.
+   */
+  finish(outcome: { outputJson: string } | { reason: string }): Promise<boolean> {
+    return this.outbox.carrying((carried) => this.kernel.finishExecution(this.executionId, this.lease, outcome, carried));
+  }
+
   private markStopping(): void {
     this.stopping = true;
     if (!this.abort.signal.aborted) this.abort.abort(this.signal);
@@ -137,9 +165,10 @@ export class ExecutionContext {
       if (previous) await previous;
       this.check();
       const occurrence = this.counters.get(key) ?? 0;
-      const body = `{"kind":${quote(kind)},"target":${quote(target)},"args":${canonicalArgs},"idempotency":${quote(idempotency)},"resources":${JSON.stringify(resources)}}`;
+      const head = submitBody(kind, target, canonicalArgs, idempotency, resources);
       try {
-        decision = await this.kernel.submit(this.executionId, this.lease, body, occurrence);
+        decision = await this.outbox.carrying((carried) =>
+          this.kernel.submit(this.executionId, this.lease, `${head}${carried ? carried.carried() : ""}}`, occurrence));
       } catch (e) {
         if (e instanceof Terminated) throw this.terminated(e);
         throw e;
@@ -158,6 +187,15 @@ export class ExecutionContext {
     }
     return decision;
   }
+}
+
+/**
+ * @internal A submit body without its closing brace, so that a carried
+ * outcome can follow; the member order is the one of
+ * docs/protocol/vectors/carried-outcomes.json.
+ */
+export function submitBody(kind: string, target: string, canonicalArgs: string, idempotency: string, resources: readonly string[]): string {
+  return `{"kind":${quote(kind)},"target":${quote(target)},"args":${canonicalArgs},"idempotency":${quote(idempotency)},"resources":${JSON.stringify(resources)}`;
 }
 
 /** The context of the running handler, or undefined outside one. */

@@ -9,8 +9,12 @@
  * whole lease has passed since the last renewal; then the attempt is
  * abandoned (`Terminated("abandoned")`) without reporting anything.
  *
- * It speaks node:http over keep-alive connections: a step costs two
- * round trips, and this is the SDK's hot path.
+ * A submit, execution complete or fail may carry the outcome of an earlier
+ * step (docs/protocol/steps.md §13) once the kernel has advertised the
+ * extension, so that a step costs one round trip.
+ *
+ * It speaks node:http over keep-alive connections: this is the SDK's hot
+ * path.
  */
 
 import http from "node:http";
@@ -53,6 +57,35 @@ export interface Lease {
    * submit answer that carries a step id; undefined until known.
    */
   occurrenceSupported?: boolean | undefined;
+  /** Whether the kernel accepts carried outcomes, learnt from the first submit answer. */
+  carriedOutcomes?: boolean | undefined;
+}
+
+/** The extension token of docs/protocol/steps.md §13, advertised in `Rebuno-Extensions`. */
+export const CARRIED_OUTCOME = "carried-outcome";
+
+/** A step's outcome as reported: its value as JSON text and the captures taken after its body. */
+export class Outcome {
+  constructor(
+    readonly stepId: string,
+    readonly succeeded: boolean,
+    readonly valueJson: string,
+    readonly captures: readonly Capture[] = [],
+    readonly captureFailures: readonly CaptureFailure[] = [],
+  ) {}
+
+  /** The body members of a step complete or fail, without braces. */
+  members(): string {
+    let text = `${this.succeeded ? '"result":' : '"error":'}${this.valueJson}`;
+    if (this.captures.length) text += `,"captures":${JSON.stringify(this.captures)}`;
+    if (this.captureFailures.length) text += `,"capture_failures":${JSON.stringify(this.captureFailures)}`;
+    return text;
+  }
+
+  /** `,"outcome":{…}`: the member a carrier appends to its body. */
+  carried(): string {
+    return `,"outcome":{"step_id":"${this.stepId}",${this.members()}}`;
+  }
 }
 
 /** Which failures a request may be re-sent after. */
@@ -221,25 +254,18 @@ export class KernelClient {
     if (decision.stepId !== undefined && lease.occurrenceSupported === undefined) {
       lease.occurrenceSupported = resp.headers["rebuno-step-occurrence"] !== undefined;
     }
+    if (!lease.carriedOutcomes) {
+      const offered = resp.headers["rebuno-extensions"];
+      lease.carriedOutcomes = typeof offered === "string" && offered.split(",").some((t) => t.trim() === CARRIED_OUTCOME);
+    }
     if (decision.decision !== "execution_terminal") lease.clock.renewed(resp.sentAt);
     return decision;
   }
 
-  /**
-   * Record a step's outcome with the captures taken after its body, which
-   * the kernel commits with it. `valueJson` is the result's (or error's) JSON text.
-   */
-  async stepOutcome(executionId: string, stepId: string, lease: Lease, outcome: {
-    succeeded: boolean;
-    valueJson: string;
-    captures?: readonly Capture[] | undefined;
-    captureFailures?: readonly CaptureFailure[] | undefined;
-  }): Promise<Decision> {
-    const [verb, field] = outcome.succeeded ? ["complete", "result"] : ["fail", "error"];
-    let text = `{"${field}":${outcome.valueJson}`;
-    if (outcome.captures?.length) text += `,"captures":${JSON.stringify(outcome.captures)}`;
-    if (outcome.captureFailures?.length) text += `,"capture_failures":${JSON.stringify(outcome.captureFailures)}`;
-    const resp = await this.request("POST", `/v0/executions/${executionId}/steps/${stepId}/${verb}`, { body: text + "}", lease });
+  /** Record a step's outcome with the captures taken after its body, which the kernel commits with it. */
+  async stepOutcome(executionId: string, lease: Lease, outcome: Outcome): Promise<Decision> {
+    const verb = outcome.succeeded ? "complete" : "fail";
+    const resp = await this.request("POST", `/v0/executions/${executionId}/steps/${outcome.stepId}/${verb}`, { body: `{${outcome.members()}}`, lease });
     const decision = decisionFromWire(this.json(resp));
     if (decision.decision === "recorded") lease.clock.renewed(resp.sentAt);
     return decision;
@@ -259,15 +285,13 @@ export class KernelClient {
   }
 
   /**
-   * Complete (with `outputJson`) or fail (with `reason`) the execution.
-   * Returns false when it was already terminal (`409 execution_terminal`,
+   * Complete (with `outputJson`) or fail (with `reason`) the execution,
+   * carrying the last step's outcome when given. Returns false when it was already terminal (`409 execution_terminal`,
    * also the answer to a retry whose first try was recorded).
    */
-  async finishExecution(executionId: string, lease: Lease, outcome: { outputJson: string } | { reason: string }): Promise<boolean> {
-    const [verb, body] = "outputJson" in outcome
-      ? ["complete", `{"output":${outcome.outputJson}}`]
-      : ["fail", JSON.stringify({ error: outcome.reason })];
-    const resp = await this.request("POST", `/v0/executions/${executionId}/${verb}`, { body, lease });
+  async finishExecution(executionId: string, lease: Lease, outcome: { outputJson: string } | { reason: string }, carried?: Outcome): Promise<boolean> {
+    const verb = "outputJson" in outcome ? "complete" : "fail";
+    const resp = await this.request("POST", `/v0/executions/${executionId}/${verb}`, { body: finishBody(outcome, carried), lease });
     if (resp.status === 409 && errorCode(resp.body) === "execution_terminal") return false;
     if (!ok(resp)) throw apiError(resp.status, resp.body);
     return true;
@@ -312,6 +336,16 @@ export class KernelClient {
     if (resp.status === 409 && errorCode(resp.body) === "execution_terminal") throw new Terminated("execution_terminal");
     if (!ok(resp)) throw apiError(resp.status, resp.body) as APIError;
   }
+}
+
+/**
+ * The body of an execution complete or fail, with the carried outcome when
+ * there is one; the member order is the one of
+ * docs/protocol/vectors/carried-outcomes.json.
+ */
+export function finishBody(outcome: { outputJson: string } | { reason: string }, carried?: Outcome): string {
+  const text = "outputJson" in outcome ? `{"output":${outcome.outputJson}` : `{"error":${JSON.stringify(outcome.reason)}`;
+  return `${text}${carried ? carried.carried() : ""}}`;
 }
 
 /** A capture sent with a step outcome or in a publish. */

@@ -170,7 +170,7 @@ function teeStream(ctx: ExecutionContext, stepId: string, upstream: Response): R
       ? JSON.stringify(recordOf(upstream.status, upstream.headers, Buffer.concat(chunks).toString("utf8")))
       : JSON.stringify(errorValue(error));
     try {
-      await report(ctx, "llm_call", stepId, error === undefined, value);
+      await report(ctx, "llm_call", stepId, error === undefined, value, undefined, true);
     } catch (e) {
       // The caller already has the response; a signal is sticky on the context.
       log.warn(`rebuno: could not record streamed LLM call ${stepId}: ${(e as Error).message}`);
@@ -259,7 +259,7 @@ export function createRebunoFetch(inner: Fetch = globalThis.fetch.bind(globalThi
       throw e;
     }
     const rec = recordOf(upstream.status, upstream.headers, text);
-    const stored = await report(ctx, "llm_call", stepId, true, JSON.stringify(rec));
+    const stored = await report(ctx, "llm_call", stepId, true, JSON.stringify(rec), undefined, true);
     // Recorded by an earlier try: the stored outcome stands.
     if (stored) return decided(ctx, request, body, stored);
     // Built from the record, so that the live response and every replay are identical.

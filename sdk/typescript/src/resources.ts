@@ -230,6 +230,9 @@ function warnPolicy(entry: OpenedResource, policy: Required<CheckpointPolicy>): 
 }
 
 async function register(ctx: ExecutionContext, entry: OpenedResource, everySteps: number, onCompletion: boolean): Promise<Resource> {
+  // Resource requests read and change coverage, which a step outcome still
+  // waiting for a carrier would change after them (docs/protocol/steps.md §13).
+  await ctx.outbox.flush();
   let view: Resource;
   try {
     view = await ctx.kernel.registerResource(ctx.executionId, ctx.lease, {
@@ -269,6 +272,7 @@ async function firstUse(ctx: ExecutionContext, entry: OpenedResource, policy: Re
       throw e;
     }
     const [handle, bindingJson] = checkCreated(created);
+    await ctx.outbox.flush();
     try {
       await ctx.kernel.bindResource(ctx.executionId, ctx.lease, entry.key, bindingJson);
     } catch (e) {
@@ -299,7 +303,7 @@ function checkCreated(created: unknown): [unknown, string] {
 async function failUnavailable(ctx: ExecutionContext, key: string, err: CheckpointUnavailable): Promise<void> {
   const reason = `checkpoint_unavailable: resource "${key}": ${err.message}`;
   try {
-    await ctx.kernel.finishExecution(ctx.executionId, ctx.lease, { reason });
+    await ctx.finish({ reason });
   } catch (e) {
     if (e instanceof Terminated) ctx.terminated(e);
     else if (e instanceof APIError) log.warn(`rebuno: could not fail execution ${ctx.executionId} (${reason}): ${e.message}`);
@@ -323,6 +327,7 @@ async function baseline(ctx: ExecutionContext, entry: OpenedResource): Promise<v
 
 async function publish(ctx: ExecutionContext, [captures, failures]: [Capture[], CaptureFailure[]]): Promise<void> {
   if (!captures.length && !failures.length) return;
+  await ctx.outbox.flush();
   try {
     await ctx.kernel.publishCheckpoints(ctx.executionId, ctx.lease, captures, failures);
   } catch (e) {

@@ -8,7 +8,7 @@ import { DispatchTracker, isNewer } from "../src/dispatch.js";
 import { encodeResult } from "../src/effects.js";
 import { apiError, Blocked, ConflictError, NotFoundError, PolicyError, raiseForRefusal, RateLimited, Terminated, ToolError, UnavailableError } from "../src/errors.js";
 import { NotJsonError } from "../src/identity.js";
-import { KernelClient, type Lease, LeaseClock } from "../src/kernel.js";
+import { KernelClient, type Lease, LeaseClock, Outcome } from "../src/kernel.js";
 import { refusalResponse, splitUtf8 } from "../src/llm.js";
 import { signOccurrence, signV1 } from "../src/signing.js";
 
@@ -164,7 +164,7 @@ describe("the kernel client's requests", () => {
     seen.length = 0;
     answers = [[503, '{"code":"unavailable","message":"draining"}'], [200, '{"decision":"recorded"}']];
     const client = new KernelClient(base, "agent-1", "s3cret", 5000);
-    const d = await client.stepOutcome("e1", "s1", lease(), { succeeded: true, valueJson: '{"x":1}', captures: [{ key: "w", generation: 2, checkpoint_ref: "r" }] });
+    const d = await client.stepOutcome("e1", lease(), new Outcome("s1", true, '{"x":1}', [{ key: "w", generation: 2, checkpoint_ref: "r" }]));
     expect(d.decision).toBe("recorded");
     expect(seen.map((r) => r.body)).toEqual(Array(2).fill('{"result":{"x":1},"captures":[{"key":"w","generation":2,"checkpoint_ref":"r"}]}'));
     answers = [[409, '{"code":"lease_superseded","message":"lease superseded"}']];

@@ -5,7 +5,7 @@ import { fileURLToPath } from "node:url";
 
 const DIR = fileURLToPath(new URL("../../../docs/protocol/vectors/", import.meta.url));
 
-export function loadVectors<T>(name: "canonical-json" | "step-ids" | "signatures" | "local-directory"): T {
+export function loadVectors<T>(name: "canonical-json" | "step-ids" | "signatures" | "local-directory" | "carried-outcomes"): T {
   return JSON.parse(readFileSync(`${DIR}${name}.json`, "utf8")) as T;
 }
 
@@ -18,3 +18,12 @@ export interface RequestCase {
 export interface OccurrenceCase { secret: string; request_signature: string; occurrence: string; message: string; signature: string }
 export interface TreeFile { path: string; type: "file" | "dir" | "symlink"; mode?: number; content?: string; target?: string }
 export interface ManifestCase { name: string; files: TreeFile[]; manifest: string; manifest_length: number; ref: string }
+export interface CarriedOutcomeCase {
+  name: string;
+  carrier: "submit" | "complete" | "fail";
+  submit?: { kind: string; target: string; args: string; idempotency: string; resources: string[] };
+  output?: string;
+  reason?: string;
+  outcome: { step_id: string; succeeded: boolean; value: string; captures: { key: string; generation: number; checkpoint_ref: string }[]; capture_failures: { key: string; generation: number; error: string }[] };
+  body: string;
+}

@@ -23,6 +23,7 @@ import json
 import logging
 from typing import Any, Awaitable, Callable, Sequence
 
+from ._kernel import Outcome
 from .errors import REFUSING_DECISIONS, Blocked, Terminated, ToolError
 from .execution import ExecutionContext, _step, require_context
 from .identity import canonical_json
@@ -133,14 +134,23 @@ def decision_outcome(ctx: ExecutionContext, target: str, decision: Decision) -> 
 
 
 async def report(ctx: ExecutionContext, target: str, step_id: str, *, succeeded: bool, value_json: str,
-                 captures: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> Any:
+                 captures: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+                 defer: bool = False) -> Any:
     """Record a step's outcome (with the captures taken after its body);
     return the outcome that stands (the kernel's stored one when it answers
-    `replay`)."""
+    `replay`).
+
+    With `defer` (a `safe_to_retry` step) the outcome may instead wait for
+    the dispatch's next request to carry it (docs/protocol/steps.md §13); the value the code
+    goes on with is then its own."""
     caps, failures = captures if captures is not None else ([], [])
+    outcome = Outcome(step_id, succeeded, value_json, caps, failures)
+    if not ctx.outbox.idle:
+        await ctx.outbox.flush()  # outcomes reach the kernel in the order their steps ended
+    if defer and ctx.outbox.defer(outcome):
+        return None
     try:
-        decision = await ctx.kernel.step_outcome(ctx.execution_id, step_id, ctx.lease, succeeded=succeeded,
-                                                 value_json=value_json, captures=caps, capture_failures=failures)
+        decision = await ctx.kernel.step_outcome(ctx.execution_id, ctx.lease, outcome)
     except Terminated as t:
         raise ctx.terminated(t) from None
     if decision.decision == DecisionKind.RECORDED:
@@ -172,6 +182,9 @@ async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target
     step_id = decision.step_id or ""
     guard.started(decision)
     label = f"{what} ({step_id[:12]})"
+    # An at_most_once outcome is durable before the call returns: an
+    # unreported run of such a step is never run again (docs/protocol/steps.md §6).
+    defer = idempotency == "safe_to_retry"
     token = _step.set(step_id)
     try:
         with guard.body():
@@ -190,7 +203,8 @@ async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target
         if ctx.signal is not None:
             raise ctx.signal from exc
         caps = await guard.captures(label)
-        stored = await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(exc), captures=caps)
+        stored = await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(exc), captures=caps,
+                              defer=defer)
         if isinstance(stored, Decision):
             return decision_outcome(ctx, target, stored)
         raise ToolError(target, str(exc), error=step_error(exc), step_id=step_id) from exc
@@ -204,7 +218,7 @@ async def _run_locked(ctx: ExecutionContext, guard: StepGuard, kind: str, target
         await report(ctx, target, step_id, succeeded=False, value_json=step_error_json(unencodable), captures=caps)
         raise ToolError(target, str(unencodable), step_id=step_id) from exc
     caps = await guard.captures(label)
-    stored = await report(ctx, target, step_id, succeeded=True, value_json=text, captures=caps)
+    stored = await report(ctx, target, step_id, succeeded=True, value_json=text, captures=caps, defer=defer)
     if isinstance(stored, Decision):
         return decision_outcome(ctx, target, stored)
     return json.loads(text)

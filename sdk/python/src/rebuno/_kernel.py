@@ -7,6 +7,9 @@ occurrence, bound to the request by its own signature. Transport failures
 are retried as docs/protocol/sdk.md §2 says, until a whole lease has passed since the last
 renewal; then the attempt is abandoned (`Terminated("abandoned")`) without
 reporting anything.
+
+A submit, execution complete or fail may carry the outcome of an earlier
+step (`carried`, docs/protocol/steps.md §13) once the kernel has advertised the extension.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 
 from ._backoff import Backoff
+from ._transport import ConnectFailed, ConnectionPool, HttpxTransport, Transport, TransportFailed
 from .errors import APIError, ExecutionTerminalError, LeaseSupersededError, Terminated, api_error
 from .signing import sign_occurrence, sign_v1
 from .types import Decision, DecisionKind, Execution, Resource
 
-__all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse"]
+__all__ = ["KernelClient", "Lease", "LeaseClock", "Retry", "KernelResponse", "Outcome", "CARRIED_OUTCOME"]
+
+# The extension token of docs/protocol/steps.md §13, advertised in Rebuno-Extensions.
+CARRIED_OUTCOME = "carried-outcome"
 
 log = logging.getLogger("rebuno")
 
@@ -64,6 +72,34 @@ class Lease:
     # Whether the kernel echoes Rebuno-Step-Occurrence (learned from the first
     # submit answer that carries a step id, docs/protocol/identity.md §7). None until known.
     occurrence_supported: bool | None = field(default=None)
+    # Whether the kernel accepts carried outcomes (learned from the first
+    # submit answer, docs/protocol/steps.md §13).
+    carried_outcomes: bool = False
+
+
+@dataclass
+class Outcome:
+    """A step's outcome as reported: its value as JSON text and the captures
+    taken after its body (docs/protocol/sdk.md §4.6)."""
+
+    step_id: str
+    succeeded: bool
+    value_json: str
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    capture_failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def members(self) -> str:
+        """The body members of a step complete or fail, without braces."""
+        text = ('"result":' if self.succeeded else '"error":') + self.value_json
+        if self.captures:
+            text += ',"captures":' + _compact(self.captures)
+        if self.capture_failures:
+            text += ',"capture_failures":' + _compact(self.capture_failures)
+        return text
+
+    def carried(self) -> str:
+        """`,"outcome":{…}`: the member a carrier appends to its body (docs/protocol/steps.md §13)."""
+        return ',"outcome":{"step_id":"' + self.step_id + '",' + self.members() + "}"
 
 
 class Retry(enum.Enum):
@@ -75,7 +111,7 @@ class Retry(enum.Enum):
 @dataclass
 class KernelResponse:
     status: int
-    headers: httpx2.Headers
+    headers: dict[str, str]  # lower-case names
     body: bytes
     sent_at: float
 
@@ -88,56 +124,45 @@ class KernelResponse:
 
 
 class KernelClient:
-    """Signed HTTP client of one agent. One instance per `Agent`."""
+    """Signed HTTP client of one agent. One instance per `Agent`.
+
+    `transport` replaces the connection pool with an `httpx2` transport (unit
+    tests' in-memory kernels)."""
 
     def __init__(self, base_url: str, agent_id: str, secret: str, *, timeout: float,
                  transport: httpx2.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.agent_id = agent_id
+        self._agent_header = agent_id.encode("utf-8")
         self._secret = secret
-        self._timeout = timeout
-        self._transport = transport
-        self._client: httpx2.AsyncClient | None = None
-
-    def _http(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            self._client = httpx2.AsyncClient(
-                base_url=self.base_url, timeout=httpx2.Timeout(self._timeout), transport=self._transport,
-                follow_redirects=False,
-            )
-        return self._client
+        self._base_path = urlsplit(self.base_url).path
+        self._transport: Transport = (HttpxTransport(self.base_url, timeout, transport) if transport is not None
+                                      else ConnectionPool(self.base_url, timeout))
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
+        await self._transport.aclose()
 
     # ------------------------------------------------------------------ core
 
-    def _build(self, method: str, path: str, body: bytes, lease: Lease | None,
-               occurrence: int | None) -> httpx2.Request:
-        headers = {
-            "Content-Type": "application/json",
-            "Rebuno-Agent-Id": self.agent_id,
-            "Rebuno-Timestamp": str(int(time.time())),
-        }
+    def _headers(self, method: str, target: str, body: bytes, lease: Lease | None,
+                 occurrence: int | None) -> list[tuple[bytes, bytes]]:
+        timestamp = str(int(time.time()))
+        headers = [(b"Content-Type", b"application/json"), (b"Rebuno-Agent-Id", self._agent_header),
+                   (b"Rebuno-Timestamp", timestamp.encode("ascii"))]
         dispatch_id = attempt = None
         if lease is not None and method != "GET":
             dispatch_id = lease.dispatch_id
-            headers["Rebuno-Dispatch-Id"] = dispatch_id
+            headers.append((b"Rebuno-Dispatch-Id", dispatch_id.encode("ascii")))
             if lease.attempt is not None:
                 attempt = str(lease.attempt)
-                headers["Rebuno-Dispatch-Attempt"] = attempt
-            if occurrence is not None:
-                headers["Rebuno-Step-Occurrence"] = str(occurrence)
-        req = self._http().build_request(method, path, content=body, headers=headers)
-        target = req.url.raw_path.decode("ascii")
-        signature = sign_v1(self._secret, method, target, headers["Rebuno-Timestamp"], dispatch_id, attempt, body)
-        req.headers["Rebuno-Signature"] = signature
-        if "Rebuno-Step-Occurrence" in headers:
-            req.headers["Rebuno-Occurrence-Signature"] = sign_occurrence(
-                self._secret, signature, headers["Rebuno-Step-Occurrence"])
-        return req
+                headers.append((b"Rebuno-Dispatch-Attempt", attempt.encode("ascii")))
+        signature = sign_v1(self._secret, method, target, timestamp, dispatch_id, attempt, body)
+        headers.append((b"Rebuno-Signature", signature.encode("ascii")))
+        if occurrence is not None and dispatch_id is not None:
+            value = str(occurrence)
+            headers.append((b"Rebuno-Step-Occurrence", value.encode("ascii")))
+            headers.append((b"Rebuno-Occurrence-Signature", sign_occurrence(self._secret, signature, value).encode("ascii")))
+        return headers
 
     async def request(self, method: str, path: str, *, body: bytes = b"", lease: Lease | None = None,
                       occurrence: int | None = None, retry: Retry = Retry.ALWAYS) -> KernelResponse:
@@ -147,6 +172,7 @@ class KernelClient:
         `Terminated("lease_superseded")`, and `503`, which is retried.
         Raises `Terminated("abandoned")` when retrying must stop.
         """
+        target = self._base_path + path
         backoff = Backoff()
         started = time.monotonic()
         while True:
@@ -154,21 +180,18 @@ class KernelClient:
             failure: BaseException | None = None
             connect_phase = False
             try:
-                resp = await self._http().send(self._build(method, path, body, lease, occurrence))
-                try:
-                    content = await resp.aread()
-                finally:
-                    await resp.aclose()
-            except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+                resp = await self._transport.send(method, target, self._headers(method, target, body, lease, occurrence),
+                                                  body)
+            except ConnectFailed as e:
                 failure, connect_phase = e, True
-            except httpx2.TransportError as e:
+            except TransportFailed as e:
                 failure = e
             else:
-                if resp.status_code == 409 and isinstance(api_error(409, content), LeaseSupersededError):
+                if resp.status == 409 and isinstance(api_error(409, resp.body), LeaseSupersededError):
                     raise Terminated("lease_superseded")
-                if resp.status_code != 503:
-                    return KernelResponse(resp.status_code, resp.headers, content, sent_at)
-                failure = api_error(503, content)
+                if resp.status != 503:
+                    return KernelResponse(resp.status, resp.headers, resp.body, sent_at)
+                failure = api_error(503, resp.body)
             if retry is Retry.NEVER:
                 if isinstance(failure, APIError):
                     raise failure
@@ -202,25 +225,21 @@ class KernelClient:
         _check(resp)
         decision = Decision.from_json(resp.json())
         if decision.step_id is not None and lease.occurrence_supported is None:
-            lease.occurrence_supported = resp.headers.get("Rebuno-Step-Occurrence") is not None
+            lease.occurrence_supported = resp.headers.get("rebuno-step-occurrence") is not None
+        if not lease.carried_outcomes:
+            offered = resp.headers.get("rebuno-extensions", "")
+            lease.carried_outcomes = CARRIED_OUTCOME in (token.strip() for token in offered.split(","))
         if decision.decision != DecisionKind.EXECUTION_TERMINAL:
             lease.clock.renewed(resp.sent_at)
         return decision
 
-    async def step_outcome(self, execution_id: str, step_id: str, lease: Lease, *, succeeded: bool,
-                           value_json: str, captures: list[dict[str, Any]] | None = None,
-                           capture_failures: list[dict[str, Any]] | None = None) -> Decision:
+    async def step_outcome(self, execution_id: str, lease: Lease, outcome: Outcome) -> Decision:
         """Record a step's outcome, with the captures taken after its body
         (docs/protocol/sdk.md §4.6), which the kernel commits with it."""
-        verb, field_name = ("complete", "result") if succeeded else ("fail", "error")
-        text = '{"%s":' % field_name + value_json
-        if captures:
-            text += ',"captures":' + _compact(captures)
-        if capture_failures:
-            text += ',"capture_failures":' + _compact(capture_failures)
-        body = (text + "}").encode("utf-8")
-        resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/{verb}", body=body,
-                                  lease=lease)
+        verb = "complete" if outcome.succeeded else "fail"
+        body = ("{" + outcome.members() + "}").encode("utf-8")
+        resp = await self.request("POST", f"/v0/executions/{execution_id}/steps/{outcome.step_id}/{verb}",
+                                  body=body, lease=lease)
         _check(resp)
         decision = Decision.from_json(resp.json())
         if decision.decision == DecisionKind.RECORDED:
@@ -238,18 +257,16 @@ class KernelClient:
         self._renewing(resp, lease)
 
     async def finish_execution(self, execution_id: str, lease: Lease, *, output_json: str | None = None,
-                               reason: str | None = None) -> bool:
-        """Complete (when `output_json` is given) or fail the execution.
+                               reason: str | None = None, carried: Outcome | None = None) -> bool:
+        """Complete (when `output_json` is given) or fail the execution,
+        carrying the last step's outcome when given.
 
         Returns True when the kernel recorded it, False when the execution was
         already terminal (`409 execution_terminal`, also the answer to a retry
         whose first try was recorded, docs/protocol/sdk.md §2).
         """
-        if output_json is not None:
-            path, body = "complete", ('{"output":' + output_json + "}").encode("utf-8")
-        else:
-            path = "fail"
-            body = json.dumps({"error": reason or ""}, ensure_ascii=False).encode("utf-8", "replace")
+        path = "complete" if output_json is not None else "fail"
+        body = finish_body(output_json=output_json, reason=reason, carried=carried).encode("utf-8", "replace")
         resp = await self.request("POST", f"/v0/executions/{execution_id}/{path}", body=body, lease=lease)
         try:
             _check(resp)
@@ -301,6 +318,17 @@ class KernelClient:
         body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
         resp = await self.request("PUT", f"/v0/agents/{self.agent_id}/metadata", body=body)
         _check(resp)
+
+
+def finish_body(*, output_json: str | None = None, reason: str | None = None, carried: Outcome | None = None) -> str:
+    """The body of an execution complete (`output_json` given) or fail, with
+    the carried outcome when there is one; the member order is the one of
+    docs/protocol/vectors/carried-outcomes.json."""
+    if output_json is not None:
+        text = '{"output":' + output_json
+    else:
+        text = '{"error":' + json.dumps(reason or "", ensure_ascii=False)
+    return text + (carried.carried() if carried is not None else "") + "}"
 
 
 def _compact(value: Any) -> str:

@@ -252,9 +252,14 @@ class Agent:
             log.error("rebuno: dispatch %s of %s: kernel refused a request: %s", ctx.dispatch_id,
                       ctx.execution_id, e)
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            try:
+                # A finished step's outcome still waiting for a carrier is sent
+                # alone: whatever ended the dispatch, its effect ran.
+                await ctx.outbox.flush()
+            finally:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
 
     async def _heartbeat(self, ctx: ExecutionContext, handler_task: asyncio.Task[None]) -> None:
         interval = heartbeat_interval(ctx.lease_timeout_seconds)
@@ -338,8 +343,7 @@ class Agent:
 
     async def _finish(self, ctx: ExecutionContext, *, output_json: str | None = None,
                       reason: str | None = None) -> None:
-        recorded = await self._kernel.finish_execution(ctx.execution_id, ctx.lease, output_json=output_json,
-                                                       reason=reason)
+        recorded = await ctx.finish(output_json=output_json, reason=reason)
         if not recorded:
             log.info("rebuno: execution %s was already terminal", ctx.execution_id)
 

@@ -115,7 +115,10 @@ class Terminated(RebunoError):
     """Control flow: this dispatch must stop. `reason` is `execution_terminal`
     (the execution is completed, failed or cancelled), `lease_superseded` (a
     newer attempt owns the execution), `abandoned` (the kernel was unreachable
-    for a whole lease) or `closed` (the agent is shutting down)."""
+    for a whole lease, or did not record a step outcome), `outcome_conflict`
+    (another run of a step recorded a different outcome than the one this
+    handler went on with; the next attempt replays it) or `closed` (the agent
+    is shutting down)."""
 
     def __init__(self, reason: str = "execution_terminal") -> None:
         super().__init__(reason)

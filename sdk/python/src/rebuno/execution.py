@@ -10,7 +10,9 @@ through it. It also keeps:
   reads it here; every later step re-raises it without contacting the kernel;
 * the **occurrence counters** of this attempt (docs/protocol/identity.md §6, §7): calls
   with the same identity are submitted one at a time, in the order they
-  started, each with the occurrence the SDK expects.
+  started, each with the occurrence the SDK expects;
+* the **outbox**: a step outcome waiting to travel with the next submit or
+  with the execution's end (docs/protocol/steps.md §13, `_outbox.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 from typing import Any
 
 from ._kernel import KernelClient, Lease
+from ._outbox import Outbox
 from ._resource_state import ResourceState
 from .errors import Blocked, RebunoError, Terminated, decision_error
 from .identity import args_hash
@@ -58,6 +61,7 @@ class ExecutionContext:
         self._tails: dict[_Identity, asyncio.Future[None]] = {}
         # Resources opened in this dispatch, generations and the step lock.
         self.resources = ResourceState()
+        self.outbox = Outbox(self)
 
     @property
     def step_id(self) -> str | None:
@@ -92,6 +96,21 @@ class ExecutionContext:
         self.stopping = True
         self.record_signal(Terminated(reason))
 
+    async def flush(self) -> None:
+        """Wait until the kernel has recorded the outcome of every step this
+        dispatch has finished.
+
+        A `safe_to_retry` step's outcome is sent with the next step or the
+        execution's end, or alone within a few milliseconds, so a step call
+        can return before its outcome is durable (docs/protocol/steps.md §13). Call this before
+        handing a step's result to the outside world other than through
+        another step. Raises `Terminated` when an outcome could not be
+        recorded: the dispatch then stops, and the next attempt runs the step
+        again or replays what was recorded.
+        """
+        await self.outbox.flush()
+        self.check()
+
     # ------------------------------------------------------------- submit
 
     def next_occurrence(self, kind: str, target: str, hash_hex: str) -> int:
@@ -115,13 +134,11 @@ class ExecutionContext:
                 await asyncio.shield(prev)
             self.check()
             occurrence = self._counters.get(key, 0)
-            body = (
-                '{"kind":' + json.dumps(kind) + ',"target":' + json.dumps(target, ensure_ascii=False)
-                + ',"args":' + canonical_args + ',"idempotency":' + json.dumps(idempotency)
-                + ',"resources":' + json.dumps(resources) + "}"
-            ).encode("utf-8")
             try:
-                decision = await self.kernel.submit(self.execution_id, self.lease, body, occurrence)
+                async with self.outbox.carrying() as carried:
+                    body = (submit_body(kind, target, canonical_args, idempotency, resources)
+                            + (carried.carried() if carried is not None else "") + "}").encode("utf-8")
+                    decision = await self.kernel.submit(self.execution_id, self.lease, body, occurrence)
             except Terminated as t:
                 raise self.terminated(t) from None
             if decision.step_id is not None:
@@ -134,6 +151,14 @@ class ExecutionContext:
         if decision.decision in _SIGNAL_DECISIONS:
             raise self.refused(decision)
         return decision
+
+    async def finish(self, *, output_json: str | None = None, reason: str | None = None) -> bool:
+        """Complete (with `output_json`) or fail the execution, carrying the
+        waiting step outcome. Returns False when the execution was already
+        terminal."""
+        async with self.outbox.carrying() as carried:
+            return await self.kernel.finish_execution(self.execution_id, self.lease, output_json=output_json,
+                                                      reason=reason, carried=carried)
 
     def refused(self, decision: Decision) -> RebunoError:
         """The exception for a refusing decision; `Blocked` and `Terminated`
@@ -153,6 +178,14 @@ class ExecutionContext:
             prev.add_done_callback(done)
         else:
             done()
+
+
+def submit_body(kind: str, target: str, canonical_args: str, idempotency: str, resources: list[str]) -> str:
+    """A submit body (docs/protocol/steps.md §1) without its closing brace, so that a carried
+    outcome can follow; the member order is the one of docs/protocol/vectors/carried-outcomes.json."""
+    return ('{"kind":' + json.dumps(kind) + ',"target":' + json.dumps(target, ensure_ascii=False)
+            + ',"args":' + canonical_args + ',"idempotency":' + json.dumps(idempotency)
+            + ',"resources":' + json.dumps(resources))
 
 
 def current_context() -> ExecutionContext | None:

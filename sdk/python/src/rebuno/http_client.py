@@ -216,7 +216,7 @@ class _TeeStream(httpx2.AsyncByteStream):
             rec = _record(self._upstream.status_code, self._upstream.headers, b"".join(self._chunks))
             value, succeeded = json.dumps(rec, ensure_ascii=False, separators=(",", ":")), True
         try:
-            await report(self._ctx, "llm_call", self._step_id, succeeded=succeeded, value_json=value)
+            await report(self._ctx, "llm_call", self._step_id, succeeded=succeeded, value_json=value, defer=True)
         except Exception as e:  # the caller already has the response; the signal is sticky on the context
             log.warning("rebuno: could not record streamed LLM call %s: %s", self._step_id, e)
 
@@ -283,7 +283,7 @@ class RebunoTransport(httpx2.AsyncBaseTransport):
         await upstream.aclose()
         rec = _record(upstream.status_code, upstream.headers, content)
         stored = await report(ctx, "llm_call", step_id, succeeded=True,
-                              value_json=json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
+                              value_json=json.dumps(rec, ensure_ascii=False, separators=(",", ":")), defer=True)
         if isinstance(stored, Decision):  # recorded by an earlier try: the stored outcome stands
             return await self._decided(ctx, request, stored)
         # Built from the record, so that the live response and every replay are identical.

@@ -267,6 +267,9 @@ def _registration(entry: OpenedResource, every_steps: int, on_completion: bool) 
 
 
 async def _register(ctx: ExecutionContext, entry: OpenedResource, every_steps: int, on_completion: bool) -> Resource:
+    # Resource requests read and change coverage, which a step outcome still
+    # waiting for a carrier would change after them (docs/protocol/steps.md §13).
+    await ctx.outbox.flush()
     try:
         view = await ctx.kernel.register_resource(ctx.execution_id, ctx.lease,
                                                   _registration(entry, every_steps, on_completion))
@@ -306,6 +309,7 @@ async def _first_use(ctx: ExecutionContext, entry: OpenedResource, policy: Check
             await _fail_unavailable(ctx, entry.key, exc)
             raise
         handle, binding = _created(created)
+        await ctx.outbox.flush()
         try:
             await ctx.kernel.bind_resource(ctx.execution_id, ctx.lease, entry.key, binding)
         except Terminated as t:
@@ -336,7 +340,7 @@ async def _fail_unavailable(ctx: ExecutionContext, key: str, exc: CheckpointUnav
     """Fail the execution at once and make the context terminal (docs/protocol/sdk.md §4.3)."""
     reason = f'checkpoint_unavailable: resource "{key}": {exc}'
     try:
-        await ctx.kernel.finish_execution(ctx.execution_id, ctx.lease, reason=reason)
+        await ctx.finish(reason=reason)
     except Terminated as t:
         ctx.terminated(t)
     except APIError as e:
@@ -360,6 +364,7 @@ async def _publish(ctx: ExecutionContext, captures: list[dict[str, Any]],
                    failures: list[dict[str, Any]]) -> None:
     if not captures and not failures:
         return
+    await ctx.outbox.flush()
     try:
         await ctx.kernel.publish_checkpoints(ctx.execution_id, ctx.lease, captures=captures,
                                              capture_failures=failures)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import sys
 from typing import Any
 
@@ -87,7 +88,45 @@ async def langchain_crash(task: str) -> dict[str, Any]:
     return {"answer": result["messages"][-1].content, "c": c}
 
 
-SCENARIOS = {"crash": crash, "llm_crash": llm_crash, "langchain_crash": langchain_crash}
+def _marking_tool(name: str, idempotency: str = "safe_to_retry") -> Any:
+    async def body(n: int) -> str:
+        mark(name)
+        return f"{name}:{n}"
+
+    body.__doc__ = f"Record that {name} ran."
+    return tool(name, idempotency=idempotency)(body)  # type: ignore[call-overload]
+
+
+safe_a = _marking_tool("safe_a")
+once_b = _marking_tool("once_b", "at_most_once")
+safe_c = _marking_tool("safe_c")
+safe_d = _marking_tool("safe_d")
+
+
+def _kill_after(name: str) -> None:
+    """kill -9 right after the step `name` returned, when `KILL_AFTER` names
+    it: synchronously, so that no timer or carrier runs in between."""
+    if os.environ.get("KILL_AFTER") == name and not os.environ.get("RELEASE"):
+        mark("killing")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def pending_outcome(n: int) -> dict[str, Any]:
+    """kill -9 while a finished step's outcome may wait for its carrier
+    (docs/protocol/steps.md §13): safe_a's outcome travels with once_b's
+    submit, once_b (at_most_once) reports before it returns, safe_c's
+    outcome waits for safe_d's submit."""
+    a = await safe_a(n)
+    b = await once_b(n)
+    _kill_after("once_b")
+    c = await safe_c(n)
+    _kill_after("safe_c")
+    d = await safe_d(n)
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+SCENARIOS = {"crash": crash, "llm_crash": llm_crash, "langchain_crash": langchain_crash,
+             "pending_outcome": pending_outcome}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ SECRET = "crash-secret-0123456789"
 async def crash_and_redeliver(kernel: KernelProcess, scenario: str, agent_id: str, tmp_path: Path,
                               input: Any, *, wait_marker: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Start the scenario, kill the agent once `wait_marker` appears, start a
-    new agent process, let the lease lapse and return the finished execution."""
+    new agent process, let the lease lapse and return the finished execution
+    (and, under `killed`, the steps as the kernel held them after the kill)."""
     mfile = tmp_path / "markers"
     first = agent_process(scenario, kernel, agent_id, SECRET, mfile, env)
     try:
@@ -30,6 +31,7 @@ async def crash_and_redeliver(kernel: KernelProcess, scenario: str, agent_id: st
             await eventually(lambda: wait_marker in markers(mfile), timeout=60, what=wait_marker)
             first.kill()  # SIGKILL mid-handler: nothing reported, the step stays executing
             assert (await client.get(ex.id)).status == "running"
+            killed = await client.steps(ex.id)
             second = agent_process(scenario, kernel, agent_id, SECRET, mfile, {**(env or {}), "RELEASE": "1"})
             try:
                 await register(kernel, agent_id, await second.webhook(), SECRET)
@@ -40,7 +42,7 @@ async def crash_and_redeliver(kernel: KernelProcess, scenario: str, agent_id: st
             assert done.status == "completed", (done, "".join(second.output))
             events = await client.all_events(ex.id)
             steps = await client.steps(ex.id)
-            return {"execution": done, "events": events, "steps": steps}
+            return {"execution": done, "events": events, "steps": steps, "killed": killed}
     finally:
         first.stop()
 
@@ -58,6 +60,40 @@ async def test_kill_and_replay_tools_and_local_steps(kernel_proc: KernelProcess,
     assert "dispatch.lease_expired" in types
     retry = [e for e in out["events"] if e.type == "step.executing" and e.payload.get("retry")]
     assert [e.payload["target"] for e in retry] == ["block_until_killed"]
+
+
+async def test_kill_with_a_pending_outcome_reruns_exactly_that_step(kernel_proc: KernelProcess,
+                                                                   tmp_path: Path) -> None:
+    out = await crash_and_redeliver(kernel_proc, "pending_outcome", "pender", tmp_path, {"n": 3},
+                                    wait_marker="killing", env={"KILL_AFTER": "safe_c"})
+    mfile = tmp_path / "markers"
+    # What the kernel acknowledged before the kill was all there: safe_a's
+    # outcome (carried by once_b's submit) and once_b's; safe_c's outcome died
+    # with the process, its step still executing.
+    assert [(s.target, s.status) for s in out["killed"]] == [
+        ("safe_a", "succeeded"), ("once_b", "succeeded"), ("safe_c", "executing")]
+    # On replay exactly the step whose outcome was lost ran again.
+    assert [count(mfile, t) for t in ("safe_a", "once_b", "safe_c", "safe_d")] == [1, 1, 2, 1]
+    assert out["execution"].output == {"a": "safe_a:3", "b": "once_b:3", "c": "safe_c:3", "d": "safe_d:3"}
+    retry = [e for e in out["events"] if e.type == "step.executing" and e.payload.get("retry")]
+    assert [e.payload["target"] for e in retry] == ["safe_c"]
+    assert [(s.target, s.status) for s in out["steps"]] == [
+        ("safe_a", "succeeded"), ("once_b", "succeeded"), ("safe_c", "succeeded"), ("safe_d", "succeeded")]
+    # safe_d's outcome travelled with the execution's complete: one transaction.
+    assert [e.type for e in out["events"]][-2:] == ["step.succeeded", "execution.completed"]
+
+
+async def test_kill_right_after_an_at_most_once_step_never_runs_it_again(kernel_proc: KernelProcess,
+                                                                       tmp_path: Path) -> None:
+    out = await crash_and_redeliver(kernel_proc, "pending_outcome", "once-pender", tmp_path, {"n": 4},
+                                    wait_marker="killing", env={"KILL_AFTER": "once_b"})
+    mfile = tmp_path / "markers"
+    # once_b reported before it returned: its outcome survived the kill and
+    # replays; nothing ran twice.
+    assert [(s.target, s.status) for s in out["killed"]] == [("safe_a", "succeeded"), ("once_b", "succeeded")]
+    assert [count(mfile, t) for t in ("safe_a", "once_b", "safe_c", "safe_d")] == [1, 1, 1, 1]
+    assert out["execution"].output == {"a": "safe_a:4", "b": "once_b:4", "c": "safe_c:4", "d": "safe_d:4"}
+    assert not [e for e in out["events"] if e.type == "step.executing" and e.payload.get("retry")]
 
 
 async def test_kill_and_replay_openai_calls(kernel_proc: KernelProcess, tmp_path: Path,

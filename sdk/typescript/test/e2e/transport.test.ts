@@ -1,7 +1,8 @@
 /**
  * The lease and the transport: heartbeats keep a body longer than the lease
  * alive, and a kernel restart while a tool body runs is ridden out (the
- * step's complete is retried with backoff until the kernel is back).
+ * step's outcome, carried by the next submit, is retried with backoff until
+ * the kernel is back).
  */
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -40,8 +41,8 @@ describe("a kernel restart", () => {
       await kernel.stop();
       const lines: string[] = [];
       setLogger({ debug: () => undefined, info: (m) => lines.push(m), warn: (m) => lines.push(m), error: (m) => lines.push(m) });
-      release(); // the body ends while the kernel is down: its complete fails and is retried
-      await eventually(() => lines.some((l) => /POST \S+\/complete failed .* retrying in/.test(l)), "a failed complete to be retried");
+      release(); // the body ends while the kernel is down: the submit carrying its outcome fails and is retried
+      await eventually(() => lines.some((l) => /POST \S+\/steps failed .* retrying in/.test(l)), "a failed carrier to be retried");
       await kernel.start(); // the same database and address
       const client = kernel.client();
       const done = await eventually(async () => {
