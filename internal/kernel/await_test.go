@@ -89,7 +89,7 @@ func TestAwaitWokenByEveryEnd(t *testing.T) {
 			return fx.k.CancelExecution(fx.ctx, e.ID)
 		}},
 		{"fail", wire.ExecFailed, "boom", func(e *store.Execution, del *Delivery) error {
-			return fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), "boom")
+			return fx.k.FailExecution(fx.ctx, Caller{Agent: "a1"}, e.ID, hdr(del), FailRequest{Reason: "boom"})
 		}},
 		{"deadline", wire.ExecCancelled, wire.ReasonDeadlineExceeded, func(e *store.Execution, _ *Delivery) error {
 			fx.clk.Advance(2 * time.Minute)
