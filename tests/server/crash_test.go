@@ -13,24 +13,17 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// balancer sends an agent's requests to the live replicas in turn, as a
-// load balancer would, moving to the next on a transport error or a 503.
-type balancer struct {
-	agents []*kt.Agent
-	next   atomic.Int64
-	client *http.Client
-}
-
 type answer struct {
 	status int
 	body   []byte
 }
 
-func (b *balancer) send(method, path string, body []byte, lease kt.Lease) (answer, error) {
+// send sends a signed agent request through the balancer, again after a
+// cut connection or a 503, for up to ten seconds.
+func (c *crashAgent) send(method, path string, body []byte, lease kt.Lease) (answer, error) {
 	var last error
-	for range 2 * len(b.agents) {
-		a := b.agents[int(b.next.Add(1))%len(b.agents)]
-		resp, err := b.client.Do(a.SignedRequest(method, path, body, lease, nil))
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := c.client.Do(c.agent.SignedRequest(method, path, body, lease, nil))
 		if err != nil {
 			last = err
 			continue
@@ -51,7 +44,8 @@ func (b *balancer) send(method, path string, body []byte, lease kt.Lease) (answe
 // the steps the kernel recorded as succeeded.
 type crashAgent struct {
 	t         *testing.T
-	lb        *balancer
+	agent     *kt.Agent // signing for the balancer
+	client    *http.Client
 	mu        sync.Mutex
 	runs      map[string]int  // execution/step → bodies run
 	succeeded map[string]bool // execution/step → recorded
@@ -75,7 +69,7 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 	lease := kt.LeaseOf(wh)
 	lease.Occurrence = 0 // each step's args are distinct: its first occurrence
 	for i := range crashSteps {
-		ans, err := c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps",
+		ans, err := c.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps",
 			fmt.Appendf(nil, `{"kind":"tool_call","target":"work","args":{"step":%d}}`, i), lease)
 		if err != nil || ans.status != 200 {
 			return // superseded, or no replica answered: a later attempt runs it
@@ -97,7 +91,7 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 		}
 		c.mu.Unlock()
 		time.Sleep(stepWork)
-		ans, err = c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps/"+d.StepID+"/complete", []byte(`{"result":{"ok":true}}`), lease)
+		ans, err = c.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps/"+d.StepID+"/complete", []byte(`{"result":{"ok":true}}`), lease)
 		if err != nil || ans.status != 200 {
 			return
 		}
@@ -106,19 +100,21 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 		c.mu.Unlock()
 		c.progress.Add(1)
 	}
-	c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}}`), lease)
+	c.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}}`), lease)
 }
 
-// kill -9 of one replica while executions are in flight: the survivor
+// kill -9 of one replica while a raw-HTTP Go agent runs executions through
+// the balancer (the crash matrix drives the Python SDK): the survivor
 // delivers what the dead one had claimed once its leases expire, every
 // execution completes, and no step recorded as succeeded runs again.
 func TestReplicaKilledMidRun(t *testing.T) {
 	_, ks := replicas(t, 2, "--dispatch-lease-timeout", "4s", "--dispatch-timeout", "2s",
 		"--dispatch-backoff-base", "100ms", "--dispatch-backoff-max", "500ms")
 	r1, r2 := ks[0], ks[1]
+	lb := newBalancer(t, ks...)
 	a1 := r1.NewAgent("crash-agent", "")
 	c := &crashAgent{t: t, runs: map[string]int{}, succeeded: map[string]bool{},
-		lb: &balancer{agents: []*kt.Agent{a1, a1.Via(r2)}, client: &http.Client{Timeout: 10 * time.Second}}}
+		agent: a1.Via(kt.Remote(t, lb.URL(), token)), client: &http.Client{Timeout: 10 * time.Second}}
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
