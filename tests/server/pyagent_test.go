@@ -139,7 +139,9 @@ func (a *pyAgent) runs(t *testing.T) map[string][]bodyRun {
 		t.Fatal(err)
 	}
 	out := map[string][]bodyRun{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+	lines := strings.Split(string(data), "\n")
+	// The last element is "" or a line the agent is still writing.
+	for _, line := range lines[:len(lines)-1] {
 		f := strings.Fields(line)
 		if len(f) != 4 {
 			t.Fatalf("marker line %q", line)

@@ -361,13 +361,14 @@ func TestDispatchClaimedOnceAcrossReplicas(t *testing.T) {
 	}
 }
 
-// A rate limit of N per minute admits exactly N steps across replicas.
+// A rate limit of N per minute admits exactly N steps across replicas, all
+// asking at once.
 func TestRateLimitAcrossReplicas(t *testing.T) {
-	_, ks := replicas(t, 2)
+	_, ks := replicas(t, 3)
 	a := ks[0].NewAgent("quota-agent", "")
 	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/quota-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: quota\n    when: {target: search}\n    then:\n      decision: allow\n      rate_limit: {max_calls: 7, window: 1m, per_what: agent}\n"}`),
 		map[string]string{"Content-Type": "application/json"}))
-	const executions = 4
+	const executions = 6
 	type run struct {
 		id    string
 		lease kt.Lease
@@ -375,7 +376,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	var runs []run
 	for i := range executions {
 		id := ks[0].CreateExecution("quota-agent", "{}")
-		runs = append(runs, run{id, deliver(t, ks[i%2], a, id)})
+		runs = append(runs, run{id, deliver(t, ks[i%3], a, id)})
 	}
 	var mu sync.Mutex
 	decisions := map[string]int{}
@@ -385,7 +386,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d := a.Via(ks[(i+j)%2]).Submit(r.id, r.lease, fmt.Sprintf(`{"kind":"tool_call","target":"search","args":{"q":%d}}`, j))
+				d := a.Via(ks[(i+j)%3]).Submit(r.id, r.lease, fmt.Sprintf(`{"kind":"tool_call","target":"search","args":{"q":%d}}`, j))
 				mu.Lock()
 				decisions[d.Decision]++
 				mu.Unlock()
@@ -394,7 +395,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	}
 	wg.Wait()
 	if decisions["proceed"] != 7 || decisions["rate_limited"] != executions*4-7 {
-		t.Errorf("decisions across two replicas: %v; want 7 proceed and %d rate_limited", decisions, executions*4-7)
+		t.Errorf("decisions across three replicas: %v; want 7 proceed and %d rate_limited", decisions, executions*4-7)
 	}
 }
 
@@ -432,4 +433,90 @@ func TestDatabaseLostAnswers503(t *testing.T) {
 	}
 	k.Execution(id)
 	k.CreateExecution("lost-agent", "{}")
+}
+
+// Three replicas asked to decide the same approvals at the same moment,
+// two to grant and one to deny: each approval is decided once, by exactly
+// one of them, and its execution resumes once.
+func TestApprovalDecidedOnceAcrossReplicas(t *testing.T) {
+	_, ks := replicas(t, 3)
+	a := ks[0].NewAgent("race-agent", "")
+	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/race-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: gate\n    when: {target: pay}\n    then: {decision: require_approval}\n"}`),
+		map[string]string{"Content-Type": "application/json"}))
+	const n = 20
+	type gated struct{ execution, approval string }
+	var all []gated
+	for i := range n {
+		id := ks[i%3].CreateExecution("race-agent", fmt.Sprintf(`{"i":%d}`, i))
+		lease := deliver(t, ks[(i+1)%3], a, id)
+		r := a.Via(ks[(i+2)%3]).Request("POST", "/v0/executions/"+id+"/steps", []byte(`{"kind":"tool_call","target":"pay","args":{}}`), lease)
+		var d kt.Decision
+		ks[0].Must(200, r).JSON(t, &d)
+		if d.Decision != "blocked" || d.ApprovalID == "" {
+			t.Fatalf("gated submit: %s", r.Body)
+		}
+		all = append(all, gated{id, d.ApprovalID})
+	}
+	verbs := []string{"grant", "deny", "grant"}
+	statuses := make([][3]int, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, g := range all {
+		for j, k := range ks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest("POST", k.URL+"/v0/approvals/"+g.approval+"/"+verbs[j], strings.NewReader(fmt.Sprintf(`{"decided_by":"r%d"}`, j)))
+				req.Header.Set("Authorization", "Bearer "+token)
+				req.Header.Set("Content-Type", "application/json")
+				<-start
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				statuses[i][j] = resp.StatusCode
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	winners := map[int]int{}
+	for i, g := range all {
+		won := -1
+		for j, status := range statuses[i] {
+			switch status {
+			case 204:
+				if won >= 0 {
+					t.Errorf("approval %s decided by replicas %d and %d", g.approval, won+1, j+1)
+				}
+				won = j
+			case 409:
+			default:
+				t.Errorf("approval %s, %s on replica %d: %d", g.approval, verbs[j], j+1, status)
+			}
+		}
+		if won < 0 {
+			t.Errorf("approval %s decided by no replica: %v", g.approval, statuses[i])
+			continue
+		}
+		winners[won]++
+		decided, queued := 0, 0
+		for _, e := range ks[(i+1)%3].Events(g.execution) {
+			switch e.Type {
+			case "approval.granted", "approval.denied":
+				decided++
+				if want := "approval." + map[string]string{"grant": "granted", "deny": "denied"}[verbs[won]]; e.Type != want {
+					t.Errorf("execution %s records %s, but replica %d's %s won", g.execution, e.Type, won+1, verbs[won])
+				}
+			case "dispatch.queued":
+				queued++
+			}
+		}
+		if decided != 1 || (verbs[won] == "grant" && queued != 2) {
+			t.Errorf("execution %s: %d decisions and %d dispatches queued after the race", g.execution, decided, queued)
+		}
+	}
+	t.Logf("decisions won by replica 1, 2, 3: %d, %d, %d", winners[0], winners[1], winners[2])
 }
