@@ -68,6 +68,23 @@ func (t *Tail) Close() {
 func (h *Hub) Notify(executionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.wake(executionID)
+}
+
+// NotifyAll signals every tail and delta consumer of every execution, for
+// when news may have been lost: each re-reads the store.
+func (h *Hub) NotifyAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id := range h.tails {
+		h.wake(id)
+	}
+	for id := range h.deltas {
+		h.wake(id) // a second signal to a tail just signalled coalesces
+	}
+}
+
+func (h *Hub) wake(executionID string) {
 	for t := range h.tails[executionID] {
 		select {
 		case t.C <- struct{}{}:

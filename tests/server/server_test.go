@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"sort"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/rebuno/rebuno/internal/store/postgres"
 	"github.com/rebuno/rebuno/internal/store/postgres/pgtest"
@@ -519,4 +522,49 @@ func TestApprovalDecidedOnceAcrossReplicas(t *testing.T) {
 		}
 	}
 	t.Logf("decisions won by replica 1, 2, 3: %d, %d, %d", winners[0], winners[1], winners[2])
+}
+
+// A replica whose listening connection broke has missed what the others
+// announced meanwhile; once it listens again, its event streams re-read the
+// store at once instead of at their keep-alive.
+func TestStreamsCatchUpAfterListenerLoss(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	r1 := kt.Start(t, kt.Options{DBURL: url, ReplicaID: "writer", Token: token})
+	// The second replica names its connections, so that the test can cut
+	// its listener alone.
+	named, _ := neturl.Parse(url)
+	q := named.Query()
+	q.Set("application_name", "rebuno-tail")
+	named.RawQuery = q.Encode()
+	r2 := kt.Start(t, kt.Options{DBURL: named.String(), ReplicaID: "tail", Token: token})
+	a := r1.NewAgent("resync-agent", "")
+	id := r1.CreateExecution("resync-agent", "{}")
+	lease := deliver(t, r1, a, id)
+	d := a.Submit(id, lease, `{"kind":"tool_call","target":"warm","args":{}}`) // r1's pools now hold connections
+	a.Complete(id, d.StepID, lease, `{}`)
+	stream := openSSE(t, r2, "/v0/executions/"+id+"/events/stream")
+	stream.until(t, d.StepID)
+	stream.until(t, `"step.succeeded"`)
+
+	// No new connection is allowed: r2 cannot listen again, while r1
+	// commits and notifies over the connections it has.
+	db := pgx.Identifier{pgtest.Name(t, url)}.Sanitize()
+	pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS false`)
+	t.Cleanup(func() { pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`) })
+	pgtest.Admin(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rebuno-tail' AND query = 'LISTEN rebuno'`)
+	missed := a.Submit(id, lease, `{"kind":"tool_call","target":"missed","args":{}}`)
+	select {
+	case f := <-stream.frames:
+		t.Fatalf("a frame reached the replica without a listener: %s", f.data)
+	case <-time.After(time.Second):
+	}
+	pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`)
+	restored := time.Now()
+	f := stream.until(t, missed.StepID)
+	// The stream's keep-alive re-read comes 15 s after its last frame,
+	// sent before the cut: past 8 s after the restore, only that re-read
+	// could have found the event.
+	if took := f.at.Sub(restored); took > 8*time.Second {
+		t.Errorf("the missed event reached the stream %s after the listener could return: no resync woke it", took)
+	}
 }

@@ -124,7 +124,11 @@ func config(url string) (*pgxpool.Config, error) {
 	if !strings.Contains(url, "connect_timeout") {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "rebuno"
+	// Operators may name each replica's connections in the URL
+	// (application_name=…) to tell them apart in pg_stat_activity.
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "rebuno"
+	}
 	return cfg, nil
 }
 
