@@ -112,8 +112,11 @@ func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64
 	if err != nil {
 		return nil, err
 	}
-	runs, err := q.query(ctx, `SELECT first_seq, events FROM event_runs WHERE execution_id = ? AND last_seq > ? ORDER BY last_seq`,
-		executionID, afterSeq)
+	// Each run holds at least one event after afterSeq, so limit runs
+	// fill the page. Without the bound a server that sends a result whole
+	// (Postgres) would send every run after afterSeq for every page.
+	runs, err := q.query(ctx, `SELECT first_seq, events FROM event_runs WHERE execution_id = ? AND last_seq > ? ORDER BY last_seq LIMIT ?`,
+		executionID, afterSeq, limit)
 	if err != nil {
 		return nil, err
 	}
