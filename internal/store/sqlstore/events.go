@@ -77,9 +77,13 @@ func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
 		args := []any{id, run[n-1].Seq, run[0].Seq, encodeRun(run)}
 		query := `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`
 		if check {
+			// The highest seq stored, each read from its index's end: a
+			// planner that misjudges how many of a table's rows are this
+			// execution's (Postgres's generic plans, made while one
+			// execution fills the table) cannot turn it into a scan.
 			query = `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) SELECT ?,?,?,?
- WHERE NOT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND event_seq >= ?)
- AND NOT EXISTS (SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ?)`
+ WHERE COALESCE((SELECT MAX(event_seq) FROM events WHERE execution_id = ?), 0) < ?
+ AND COALESCE((SELECT MAX(last_seq) FROM event_runs WHERE execution_id = ?), 0) < ?`
 			args = append(args, id, first, id, first)
 		}
 		res, err := t.result(ctx, query, args...)
