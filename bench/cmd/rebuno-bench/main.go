@@ -47,7 +47,10 @@ type config struct {
 	Keep         bool
 	NoPin        bool
 	GOMAXPROCS   int
-	Postgres     string
+	// GOMAXPROCSSet: -kernel-gomaxprocs was given, which server mode
+	// then applies to its replicas too (they default to every CPU).
+	GOMAXPROCSSet bool
+	Postgres      string
 }
 
 var allMetrics = []string{"P1", "P2", "P3", "P4", "P5"}
@@ -88,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.GOMAXPROCSSet = set["kernel-gomaxprocs"]
 	if c.Long {
 		if !set["warmup"] {
 			c.Warmup = 10 * time.Second

@@ -67,9 +67,17 @@ func (b *bench) pgDatabase(ctx context.Context) (string, func(), error) {
 }
 
 // unpinned is how the server-mode metrics place their processes: anywhere,
-// each replica with as many Go threads as the machine has CPUs.
+// each replica with as many Go threads as the machine has CPUs unless
+// -kernel-gomaxprocs says otherwise.
 func (b *bench) unpinned() pinning {
-	return pinning{KernelCPU: -1, SelfCPU: -1, GOMAXPROCS: b.report.CPUs, Impossible: "server mode shares the cores"}
+	return pinning{KernelCPU: -1, SelfCPU: -1, GOMAXPROCS: b.replicaProcs(), Impossible: "server mode shares the cores"}
+}
+
+func (b *bench) replicaProcs() int {
+	if b.cfg.GOMAXPROCSSet {
+		return b.cfg.GOMAXPROCS
+	}
+	return b.report.CPUs
 }
 
 // replicas starts n replicas on a fresh database and registers the bench
@@ -88,7 +96,7 @@ func (b *bench) replicas(ctx context.Context, n int) ([]*kernelProc, *client, st
 	}
 	var urls []string
 	for i := range n {
-		k, err := startReplica(b.kernelBin, dbURL, fmt.Sprintf("bench-%d", i+1), b.token, b.unpinned(), b.report.CPUs)
+		k, err := startReplica(b.kernelBin, dbURL, fmt.Sprintf("bench-%d", i+1), b.token, b.unpinned(), b.replicaProcs())
 		if err != nil {
 			stop()
 			return nil, nil, "", nil, err
@@ -253,7 +261,7 @@ func (b *bench) pgConditions(replicas int, concurrency string) []string {
 		fmt.Sprintf("store: %s; %d rebuno server replica(s), each request sent to the next replica in turn",
 			b.pgVersion, replicas),
 		fmt.Sprintf("cores: not pinned — the replicas (GOMAXPROCS=%d each), Postgres and the load generator share the machine's %d CPUs",
-			b.report.CPUs, b.report.CPUs),
+			b.replicaProcs(), b.report.CPUs),
 		"concurrency: " + concurrency,
 		"kernel " + b.report.KernelVersion,
 	}
