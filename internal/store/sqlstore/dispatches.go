@@ -11,24 +11,15 @@ import (
 const dispatchCols = `id, execution_id, status, attempt, max_attempts, progress_attempt, lease_timeout,
  next_attempt_at, lease_expires_at, claimed_by, created_at, updated_at`
 
-// dispatchDest is where a dispatch row's columns scan to; done finishes d
-// once they have.
-func dispatchDest(d *store.Dispatch) (dest []any, done func()) {
-	var next, lease, created, updated int64
-	dest = []any{&d.ID, &d.ExecutionID, &d.Status, &d.Attempt, &d.MaxAttempts, &d.ProgressAttempt, &d.LeaseTimeout,
-		&next, &lease, &d.ClaimedBy, &created, &updated}
-	return dest, func() {
-		d.NextAttemptAt, d.LeaseExpiresAt, d.CreatedAt, d.UpdatedAt = fromTS(next), fromTS(lease), fromTS(created), fromTS(updated)
-	}
-}
-
 func (q *Queries) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
 	var d store.Dispatch
-	dest, done := dispatchDest(&d)
-	if err := q.row(ctx, `SELECT `+dispatchCols+` FROM dispatches WHERE id = ?`, id).Scan(dest...); err != nil {
+	var next, lease, created, updated int64
+	err := q.row(ctx, `SELECT `+dispatchCols+` FROM dispatches WHERE id = ?`, id).Scan(&d.ID, &d.ExecutionID, &d.Status,
+		&d.Attempt, &d.MaxAttempts, &d.ProgressAttempt, &d.LeaseTimeout, &next, &lease, &d.ClaimedBy, &created, &updated)
+	if err != nil {
 		return nil, notFound(err)
 	}
-	done()
+	d.NextAttemptAt, d.LeaseExpiresAt, d.CreatedAt, d.UpdatedAt = fromTS(next), fromTS(lease), fromTS(created), fromTS(updated)
 	return &d, nil
 }
 
@@ -59,13 +50,8 @@ func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, n
 		wire.DispatchRetired, ts(now), executionID, keepID, wire.DispatchRetired)
 }
 
-// one, or by the dispatch the transaction's lock read (LockExecution)
-// until the transaction writes.
+// one.
 func (t *Tx) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
-	if d := t.lockedDispatch; d != nil && d.ID == id {
-		cp := *d
-		return &cp, nil
-	}
 	if t.cache != nil {
 		if d, ok := t.cache.dispatch(id); ok {
 			return d, nil

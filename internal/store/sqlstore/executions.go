@@ -174,6 +174,7 @@ func (t *Tx) Execution(ctx context.Context, id string) (*store.Execution, error)
 }
 
 // Dispatch is Queries.Dispatch, answered by the cache when the backend keeps
+// one.
 
 func (t *Tx) SetExecutionResult(ctx context.Context, id string, output, state []byte) error {
 	return t.exec(ctx, `UPDATE execution_values SET output = ?, state = ? WHERE execution_id = ?`, output, state, id)

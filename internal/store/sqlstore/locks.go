@@ -19,12 +19,10 @@ import (
 // transaction holds the lock. An execution that does not exist is not an
 // error here; the operation finds that out itself.
 //
-// The lock is taken by reading the execution's head with its newest
-// dispatch, which the transaction's first ExecutionHead of it and its
-// Dispatch reads then answer without another statement: nobody else can
-// change either row while the lock is held (every write of a dispatch locks
-// its execution first), and any write of this transaction forgets them
-// (exec).
+// The lock is taken by reading the execution's head, which the
+// transaction's first ExecutionHead of it then answers without another
+// statement: nobody else can change the row while the lock is held, and
+// any write of this transaction forgets it (exec).
 func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) error {
 	mode := LockUpdate
 	if skipLocked {
@@ -34,11 +32,10 @@ func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) erro
 	if clause == "" {
 		return nil
 	}
-	e, d, err := scanLocked(t.row(ctx, `WITH e AS (SELECT `+executionCols+` FROM executions e WHERE e.id = ?`+clause+`)
- SELECT e.*, `+lockedDispatchCols+` FROM e LEFT JOIN dispatches d ON d.id = e.dispatch_id`, id))
+	e, err := scanHead(t.row(ctx, `SELECT `+executionCols+` FROM executions e WHERE e.id = ?`+clause, id))
 	switch {
 	case err == nil:
-		t.locked, t.lockedDispatch = e, d
+		t.locked = e
 		return nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return err
@@ -56,33 +53,6 @@ func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) erro
 	}
 	return err
 }
-
-// lockedDispatchCols are dispatchCols of the dispatch joined to a locked
-// execution, which has none yet while it is being created.
-const lockedDispatchCols = `COALESCE(d.id, ''), COALESCE(d.execution_id, ''), COALESCE(d.status, ''), COALESCE(d.attempt, 0),
- COALESCE(d.max_attempts, 0), COALESCE(d.progress_attempt, 0), COALESCE(d.lease_timeout, 0), COALESCE(d.next_attempt_at, 0),
- COALESCE(d.lease_expires_at, 0), COALESCE(d.claimed_by, ''), COALESCE(d.created_at, 0), COALESCE(d.updated_at, 0)`
-
-// scanLocked scans the lock read: the head, then its dispatch (nil when
-// there is none).
-func scanLocked(s scanner) (*store.Execution, *store.Dispatch, error) {
-	var d store.Dispatch
-	dest, done := dispatchDest(&d)
-	e, err := scanExecutionRow(scanFunc(func(head ...any) error { return s.Scan(append(head, dest...)...) }), false)
-	if err != nil {
-		return nil, nil, err
-	}
-	if d.ID == "" {
-		return e, nil, nil
-	}
-	done()
-	return e, &d, nil
-}
-
-// scanFunc is a function as a scanner.
-type scanFunc func(dest ...any) error
-
-func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
 
 // lockKey takes the transaction's lock on a name that has no row to lock
 // yet (Dialect.KeyLock).

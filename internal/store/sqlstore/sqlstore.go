@@ -88,10 +88,8 @@ type Tx struct {
 	// cache, when the backend keeps one, answers the reads of execution
 	// heads and dispatches and follows the writes of them.
 	cache *RowCache
-	// locked is the head LockExecution read, and lockedDispatch its newest
-	// dispatch, until the transaction writes.
-	locked         *store.Execution
-	lockedDispatch *store.Dispatch
+	// locked is the head LockExecution read, until the transaction writes.
+	locked *store.Execution
 }
 
 // NewTx returns a Tx writing through q.
@@ -153,9 +151,9 @@ func (q *Queries) exec(ctx context.Context, query string, args ...any) error {
 	return err
 }
 
-// result runs a write of the transaction, which forgets the rows it locked.
+// result runs a write of the transaction, which forgets the head it locked.
 func (t *Tx) result(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	t.locked, t.lockedDispatch = nil, nil
+	t.locked = nil
 	return t.Queries.result(ctx, query, args...)
 }
 
