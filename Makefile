@@ -108,17 +108,19 @@ console-screenshots: build-test chromium $(CONSOLE_TESTS)/node_modules/.installe
 test-upgrade: build-test $(COMPAT_VENV)/.installed $(SDK_VENV)/.installed
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(COMPAT_VENV)/bin/python -m pytest -q tests/upgrade
 
-## bench: the load generator of bench/ over real HTTP (docs/protocol/conformance.md §4), then the Python SDK's
-## own cost per step (no-op @tool steps against raw signed steps, over loopback), then
-## the capture overhead per step with LocalDirectory on a 1,000-file workspace, then the TypeScript
-## row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential and 200 at
-## once, steps/s) and the TypeScript SDK's own cost per step, then the end-to-end workload per
-## process (200 executions × 10 steps at c1 and c50: CPU per step of kernel, agent and client, fsyncs
-## per step).
+## bench: the load generator of bench/ over real HTTP (docs/protocol/conformance.md §4), then server
+## mode (PG1, PG3, PGFORK: one and three rebuno server replicas on a throwaway Postgres, unpinned),
+## then the Python SDK's own cost per step (no-op @tool steps against raw signed steps, over
+## loopback), then the capture overhead per step with LocalDirectory on a 1,000-file workspace, then
+## the TypeScript row: the same no-op agent on both SDKs (200 executions × 10 tool steps, sequential
+## and 200 at once, steps/s) and the TypeScript SDK's own cost per step, then the end-to-end
+## workload per process (200 executions × 10 steps at c1 and c50: CPU per step of kernel, agent and
+## client, fsyncs per step).
 bench: build $(SDK_VENV)/.installed $(SDK_TS)/node_modules/.installed
 	$(GO) build -o $(BIN)/rebuno-bench ./bench/cmd/rebuno-bench
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno
 	REBUNO_PERF_GUARD=1 $(BIN)/rebuno-bench -kernel $(BIN)/rebuno -only FORK,CEIL
+	$(PG_CLUSTER) run sh -c '$(BIN)/rebuno-bench -kernel $(BIN)/rebuno -no-pin -postgres "$$REBUNO_TEST_POSTGRES_URL" -only PG1,PG3,PGFORK'
 	$(GO) test -bench 'Evaluate200Rules' -run '^$$' ./internal/policy
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/sdk_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno
 	$(SDK_VENV)/bin/python $(SDK_PY)/bench/capture_overhead.py --kernel $(CURDIR)/$(BIN)/rebuno

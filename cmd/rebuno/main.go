@@ -30,7 +30,7 @@ func run(args []string) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(devCommand(), serverCommand(), migrateCommand(), versionCommand())
+	root.AddCommand(devCommand(), serverCommand(), migrateCommand(), storeCommand(), versionCommand())
 	root.AddCommand(clientCommands()...)
 	root.SetArgs(args)
 	err := root.Execute()

@@ -106,6 +106,29 @@ func (h *Hub) NotifyEnd(executionID string) {
 func (h *Hub) Notify(executionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.wake(executionID)
+}
+
+// NotifyAll signals every subscription of every execution (tails, ends and
+// delta consumers), for when news may have been lost: each re-reads the
+// store.
+func (h *Hub) NotifyAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id := range h.tails {
+		h.wake(id)
+	}
+	for id := range h.ends {
+		h.ends.signal(id)
+	}
+	for id := range h.deltas {
+		h.wake(id) // a second signal to a tail just signalled coalesces
+	}
+}
+
+// wake signals the tails of executionID and of all executions, and its
+// delta consumers; the caller holds h.mu.
+func (h *Hub) wake(executionID string) {
 	h.tails.signal(executionID)
 	h.tails.signal(allExecutions)
 	// A terminal execution's delta consumers end too; they wake on the same

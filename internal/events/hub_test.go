@@ -252,3 +252,20 @@ func TestEndsAreSeparateFromTails(t *testing.T) {
 		t.Fatalf("Counts() = %d tails, %d ends after Close; want 0, 0", tails, ends)
 	}
 }
+
+func TestNotifyAllWakesEverySubscriber(t *testing.T) {
+	h := NewHub()
+	a, b := h.SubscribeTail("a"), h.SubscribeTail("b")
+	da, dc := h.SubscribeDeltas("a"), h.SubscribeDeltas("c")
+	defer func() { a.Close(); b.Close(); da.Close(); dc.Close() }()
+	h.NotifyAll()
+	if pending(a.C) != 1 || pending(b.C) != 1 {
+		t.Fatal("NotifyAll must signal the tails of every execution")
+	}
+	if pending(da.Wake) != 1 || pending(dc.Wake) != 1 {
+		t.Fatal("NotifyAll must wake the delta consumers of every execution, tailed or not")
+	}
+	if tails, _, deltas := h.Counts(); tails != 2 || deltas != 2 {
+		t.Fatalf("NotifyAll changed the subscriptions: %d tails, %d delta executions", tails, deltas)
+	}
+}

@@ -149,6 +149,9 @@ func (k *Kernel) hear(n store.Notification) {
 		if d, ok := decodeDelta(n.Data); ok {
 			k.hub.PublishDelta(n.Key, d)
 		}
+	case store.TopicResync:
+		k.wakeDispatcher()
+		k.hub.NotifyAll()
 	}
 }
 

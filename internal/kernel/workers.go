@@ -94,11 +94,18 @@ func (k *Kernel) ExpireDeadline(ctx context.Context, id string) error {
 func (k *Kernel) sweepLoop(ctx context.Context) {
 	next := k.clock.Now()
 	for ctx.Err() == nil {
-		if k.store.Leading() && !k.clock.Now().Before(next) {
+		leading := k.store.Leading()
+		if leading && !k.clock.Now().Before(next) {
 			k.Sweep(ctx)
 			next = k.clock.Now().Add(k.cfg.CleanupInterval)
 		}
-		clock.Wait(k.clock, next, pollInterval, nil, ctx.Done())
+		// A replica that does not lead looks again at the poll interval:
+		// waiting for a sweep time already past would return at once.
+		wait := next
+		if !leading {
+			wait = time.Time{}
+		}
+		clock.Wait(k.clock, wait, pollInterval, nil, ctx.Done())
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -493,4 +494,33 @@ func TestStorageLimitBytes(t *testing.T) {
 			t.Fatalf("decision = %+v", dec)
 		}
 	})
+}
+
+// follower is a store shared with a leader elsewhere: this process never
+// leads. It counts how often the workers ask.
+type follower struct {
+	store.Store
+	asked atomic.Int64
+}
+
+func (f *follower) Leading() bool { f.asked.Add(1); return false }
+
+// A replica that does not lead waits between its looks at leadership; it
+// never spins (the sweep once waited for a time already past, at once and
+// for ever, a core's worth of CPU on every replica but the leader).
+func TestWorkersIdleWhenNotLeading(t *testing.T) {
+	f := &follower{}
+	fx := newFixture(t, func(o *Options) { f.Store = o.Store; o.Store = f })
+	ctx, cancel := context.WithCancel(fx.ctx)
+	stopped := make(chan struct{})
+	go func() { fx.k.RunWorkers(ctx); close(stopped) }()
+	// Each of the four loops looks once now and once per poll interval
+	// (a second): well under 50 looks in 300 ms, where a spinning loop
+	// makes millions.
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	<-stopped
+	if n := f.asked.Load(); n == 0 || n > 50 {
+		t.Fatalf("the workers asked whether this replica leads %d times in 300 ms", n)
+	}
 }

@@ -15,6 +15,12 @@ const (
 	// TopicDelta: a live delta of a running step of execution Key; Data is
 	// the delta as the stream route frames it.
 	TopicDelta = "delta"
+	// TopicResync: notifications from the other processes may have been
+	// lost (the backend's listening connection broke and is back), so
+	// everything waiting on this process re-reads the store now rather
+	// than at its next poll. Only a backend raises it, in process; it never
+	// crosses processes.
+	TopicResync = "resync"
 )
 
 // Notification is one signal.

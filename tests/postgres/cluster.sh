@@ -5,6 +5,9 @@
 #                                stop the cluster whatever CMD does, exit with CMD's status
 #   cluster.sh start             start a cluster and print its URL (state kept under $STATE)
 #   cluster.sh stop              stop the cluster `start` made and remove its files
+#   cluster.sh crash             stop it as a crash would (pg_ctl stop -m immediate: no checkpoint,
+#                                the next start replays the WAL)
+#   cluster.sh restart           start it again after `crash`, on the same port
 #
 # When REBUNO_TEST_POSTGRES_URL is already set, `run` uses that server and starts nothing.
 # The server packages are installed with apt-get when their binaries are missing. initdb refuses
@@ -62,12 +65,10 @@ start_cluster() {
 	fi
 	as_owner "$PGBIN/initdb" -D "$dir/data" -U "$user" --auth=trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 ||
 		{ cat "$dir/initdb.log" >&2; return 1; }
-	# Enough connections for several kernel replicas and the parallel test packages.
 	for attempt in 1 2 3; do
 		port=$(free_port)
-		if as_owner "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-			-o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c max_connections=300" \
-			start >/dev/null; then
+		if start_server "$dir" "$port"; then
+			echo "$port" >"$dir/port"
 			echo "postgres://$user@127.0.0.1:$port/postgres?sslmode=disable"
 			return
 		fi
@@ -75,6 +76,24 @@ start_cluster() {
 	done
 	cat "$dir/server.log" >&2
 	return 1
+}
+
+# start_server DIR PORT: starts the server of the cluster in DIR.
+start_server() {
+	local dir=$1 port=$2
+	# Enough connections for several kernel replicas and the parallel test packages.
+	as_owner "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
+		-o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c max_connections=300" \
+		start >/dev/null
+}
+
+# started_dir prints the folder of the cluster `start` made, or fails.
+started_dir() {
+	if [[ ! -f $STATE/dir ]]; then
+		log "no cluster started under $STATE"
+		return 1
+	fi
+	cat "$STATE/dir"
 }
 
 stop_cluster() {
@@ -119,8 +138,16 @@ stop)
 	fi
 	rm -rf "$STATE"
 	;;
+crash)
+	dir=$(started_dir)
+	as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m immediate -w -t 30 stop >/dev/null
+	;;
+restart)
+	dir=$(started_dir)
+	start_server "$dir" "$(cat "$dir/port")"
+	;;
 *)
-	echo "usage: $0 run CMD ARGS... | start | stop" >&2
+	echo "usage: $0 run CMD ARGS... | start | stop | crash | restart" >&2
 	exit 2
 	;;
 esac

@@ -13,35 +13,33 @@ import (
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
-// balancer sends an agent's requests to the live replicas in turn, as a
-// load balancer would, moving to the next on a transport error or a 503.
-type balancer struct {
-	agents []*kt.Agent
-	next   atomic.Int64
-	client *http.Client
-}
-
 type answer struct {
 	status int
 	body   []byte
+	// retried: an earlier attempt of the same request was cut, so the
+	// kernel may have acted on it before this answer.
+	retried bool
 }
 
-func (b *balancer) send(method, path string, body []byte, lease kt.Lease) (answer, error) {
+// send sends a signed agent request through the balancer, again after a
+// cut connection or a 503, for up to ten seconds.
+func (c *crashAgent) send(method, path string, body []byte, lease kt.Lease) (answer, error) {
 	var last error
-	for range 2 * len(b.agents) {
-		a := b.agents[int(b.next.Add(1))%len(b.agents)]
-		resp, err := b.client.Do(a.SignedRequest(method, path, body, lease, nil))
+	retried := false
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := c.client.Do(c.agent.SignedRequest(method, path, body, lease, nil))
 		if err != nil {
-			last = err
+			last, retried = err, true
 			continue
 		}
 		data, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode == 503 {
 			last = fmt.Errorf("%s %s: %d %v", method, path, resp.StatusCode, err)
+			retried = retried || err != nil
 			continue
 		}
-		return answer{resp.StatusCode, data}, nil
+		return answer{resp.StatusCode, data, retried}, nil
 	}
 	return answer{}, last
 }
@@ -50,8 +48,12 @@ func (b *balancer) send(method, path string, body []byte, lease kt.Lease) (answe
 // proceed, then completes it. It counts the bodies it runs and remembers
 // the steps the kernel recorded as succeeded.
 type crashAgent struct {
-	t         *testing.T
-	lb        *balancer
+	t      *testing.T
+	agent  *kt.Agent // signing for the balancer
+	client *http.Client
+	// carried: each outcome travels with the next submit or the execution's
+	// complete (docs/protocol/steps.md §13); a 200 or 204 to the carrier records it.
+	carried   bool
 	mu        sync.Mutex
 	runs      map[string]int  // execution/step → bodies run
 	succeeded map[string]bool // execution/step → recorded
@@ -60,9 +62,6 @@ type crashAgent struct {
 	// redelivered counts deliveries of a later attempt: leases that the
 	// survivor reclaimed.
 	redelivered atomic.Int64
-	// carried: each outcome travels with the next submit or the execution's
-	// complete (docs/protocol/steps.md §13); a 200 or 204 to the carrier records it.
-	carried bool
 }
 
 const crashSteps = 3
@@ -76,10 +75,10 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 		c.redelivered.Add(1)
 	}
 	lease := kt.LeaseOf(wh)
-	lease.Occurrence = 0 // each step's args are distinct: its first occurrence
+	lease.Occurrence = 0          // each step's args are distinct: its first occurrence
 	var pending, pendingID string // the step whose outcome the next request carries
 	for i := range crashSteps {
-		ans, err := c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps",
+		ans, err := c.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps",
 			fmt.Appendf(nil, `{"kind":"tool_call","target":"work","args":{"step":%d}%s}`, i, carriedOutcome(pendingID)), lease)
 		if err != nil || ans.status != 200 {
 			return // superseded, or no replica answered: a later attempt runs it
@@ -89,7 +88,7 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 		if pending != "" && d.Decision != "execution_terminal" {
 			c.recorded(pending)
 		}
-		pending = ""
+		pending, pendingID = "", ""
 		key := fmt.Sprintf("%s/%d", wh.ExecutionID, i)
 		switch d.Decision {
 		case "replay":
@@ -109,14 +108,16 @@ func (c *crashAgent) handle(wh kt.Webhook) {
 			pending, pendingID = key, d.StepID
 			continue
 		}
-		ans, err = c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps/"+d.StepID+"/complete", []byte(`{"result":{"ok":true}}`), lease)
+		ans, err = c.send("POST", "/v0/executions/"+wh.ExecutionID+"/steps/"+d.StepID+"/complete", []byte(`{"result":{"ok":true}}`), lease)
 		if err != nil || ans.status != 200 {
 			return
 		}
 		c.recorded(key)
 	}
-	ans, err := c.lb.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}`+carriedOutcome(pendingID)+`}`), lease)
-	if err == nil && ans.status == 204 && pending != "" {
+	ans, err := c.send("POST", "/v0/executions/"+wh.ExecutionID+"/complete", []byte(`{"output":{"done":true}`+carriedOutcome(pendingID)+`}`), lease)
+	// A 409 to a retried complete means the cut attempt ended the
+	// execution, and its carried outcome was recorded with that end.
+	if err == nil && (ans.status == 204 || ans.status == 409 && ans.retried) && pending != "" {
 		c.recorded(pending)
 	}
 }
@@ -136,7 +137,8 @@ func carriedOutcome(stepID string) string {
 	return `,"outcome":{"step_id":"` + stepID + `","result":{"ok":true}}`
 }
 
-// kill -9 of one replica while executions are in flight: the survivor
+// kill -9 of one replica while a raw-HTTP Go agent runs executions through
+// the balancer (the crash matrix drives the Python SDK): the survivor
 // delivers what the dead one had claimed once its leases expire, every
 // execution completes, and no step recorded as succeeded runs again.
 func TestReplicaKilledMidRun(t *testing.T) { replicaKilledMidRun(t, false) }
@@ -150,9 +152,10 @@ func replicaKilledMidRun(t *testing.T, carried bool) {
 	_, ks := replicas(t, 2, "--dispatch-lease-timeout", "4s", "--dispatch-timeout", "2s",
 		"--dispatch-backoff-base", "100ms", "--dispatch-backoff-max", "500ms")
 	r1, r2 := ks[0], ks[1]
+	lb := newBalancer(t, ks...)
 	a1 := r1.NewAgent("crash-agent", "")
 	c := &crashAgent{t: t, runs: map[string]int{}, succeeded: map[string]bool{}, carried: carried,
-		lb: &balancer{agents: []*kt.Agent{a1, a1.Via(r2)}, client: &http.Client{Timeout: 10 * time.Second}}}
+		agent: a1.Via(kt.Remote(t, lb.URL(), token)), client: &http.Client{Timeout: 10 * time.Second}}
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"sort"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/rebuno/rebuno/internal/store/postgres"
 	"github.com/rebuno/rebuno/internal/store/postgres/pgtest"
@@ -361,13 +364,14 @@ func TestDispatchClaimedOnceAcrossReplicas(t *testing.T) {
 	}
 }
 
-// A rate limit of N per minute admits exactly N steps across replicas.
+// A rate limit of N per minute admits exactly N steps across replicas, all
+// asking at once.
 func TestRateLimitAcrossReplicas(t *testing.T) {
-	_, ks := replicas(t, 2)
+	_, ks := replicas(t, 3)
 	a := ks[0].NewAgent("quota-agent", "")
 	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/quota-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: quota\n    when: {target: search}\n    then:\n      decision: allow\n      rate_limit: {max_calls: 7, window: 1m, per_what: agent}\n"}`),
 		map[string]string{"Content-Type": "application/json"}))
-	const executions = 4
+	const executions = 6
 	type run struct {
 		id    string
 		lease kt.Lease
@@ -375,7 +379,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	var runs []run
 	for i := range executions {
 		id := ks[0].CreateExecution("quota-agent", "{}")
-		runs = append(runs, run{id, deliver(t, ks[i%2], a, id)})
+		runs = append(runs, run{id, deliver(t, ks[i%3], a, id)})
 	}
 	var mu sync.Mutex
 	decisions := map[string]int{}
@@ -385,7 +389,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d := a.Via(ks[(i+j)%2]).Submit(r.id, r.lease, fmt.Sprintf(`{"kind":"tool_call","target":"search","args":{"q":%d}}`, j))
+				d := a.Via(ks[(i+j)%3]).Submit(r.id, r.lease, fmt.Sprintf(`{"kind":"tool_call","target":"search","args":{"q":%d}}`, j))
 				mu.Lock()
 				decisions[d.Decision]++
 				mu.Unlock()
@@ -394,7 +398,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	}
 	wg.Wait()
 	if decisions["proceed"] != 7 || decisions["rate_limited"] != executions*4-7 {
-		t.Errorf("decisions across two replicas: %v; want 7 proceed and %d rate_limited", decisions, executions*4-7)
+		t.Errorf("decisions across three replicas: %v; want 7 proceed and %d rate_limited", decisions, executions*4-7)
 	}
 }
 
@@ -432,6 +436,137 @@ func TestDatabaseLostAnswers503(t *testing.T) {
 	}
 	k.Execution(id)
 	k.CreateExecution("lost-agent", "{}")
+}
+
+// Three replicas asked to decide the same approvals at the same moment,
+// two to grant and one to deny: each approval is decided once, by exactly
+// one of them, and its execution resumes once.
+func TestApprovalDecidedOnceAcrossReplicas(t *testing.T) {
+	_, ks := replicas(t, 3)
+	a := ks[0].NewAgent("race-agent", "")
+	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/race-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: gate\n    when: {target: pay}\n    then: {decision: require_approval}\n"}`),
+		map[string]string{"Content-Type": "application/json"}))
+	const n = 20
+	type gated struct{ execution, approval string }
+	var all []gated
+	for i := range n {
+		id := ks[i%3].CreateExecution("race-agent", fmt.Sprintf(`{"i":%d}`, i))
+		lease := deliver(t, ks[(i+1)%3], a, id)
+		r := a.Via(ks[(i+2)%3]).Request("POST", "/v0/executions/"+id+"/steps", []byte(`{"kind":"tool_call","target":"pay","args":{}}`), lease)
+		var d kt.Decision
+		ks[0].Must(200, r).JSON(t, &d)
+		if d.Decision != "blocked" || d.ApprovalID == "" {
+			t.Fatalf("gated submit: %s", r.Body)
+		}
+		all = append(all, gated{id, d.ApprovalID})
+	}
+	verbs := []string{"grant", "deny", "grant"}
+	statuses := make([][3]int, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, g := range all {
+		for j, k := range ks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest("POST", k.URL+"/v0/approvals/"+g.approval+"/"+verbs[j], strings.NewReader(fmt.Sprintf(`{"decided_by":"r%d"}`, j)))
+				req.Header.Set("Authorization", "Bearer "+token)
+				req.Header.Set("Content-Type", "application/json")
+				<-start
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				statuses[i][j] = resp.StatusCode
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	winners := map[int]int{}
+	for i, g := range all {
+		won := -1
+		for j, status := range statuses[i] {
+			switch status {
+			case 204:
+				if won >= 0 {
+					t.Errorf("approval %s decided by replicas %d and %d", g.approval, won+1, j+1)
+				}
+				won = j
+			case 409:
+			default:
+				t.Errorf("approval %s, %s on replica %d: %d", g.approval, verbs[j], j+1, status)
+			}
+		}
+		if won < 0 {
+			t.Errorf("approval %s decided by no replica: %v", g.approval, statuses[i])
+			continue
+		}
+		winners[won]++
+		decided, queued := 0, 0
+		for _, e := range ks[(i+1)%3].Events(g.execution) {
+			switch e.Type {
+			case "approval.granted", "approval.denied":
+				decided++
+				if want := "approval." + map[string]string{"grant": "granted", "deny": "denied"}[verbs[won]]; e.Type != want {
+					t.Errorf("execution %s records %s, but replica %d's %s won", g.execution, e.Type, won+1, verbs[won])
+				}
+			case "dispatch.queued":
+				queued++
+			}
+		}
+		if decided != 1 || (verbs[won] == "grant" && queued != 2) {
+			t.Errorf("execution %s: %d decisions and %d dispatches queued after the race", g.execution, decided, queued)
+		}
+	}
+	t.Logf("decisions won by replica 1, 2, 3: %d, %d, %d", winners[0], winners[1], winners[2])
+}
+
+// A replica whose listening connection broke has missed what the others
+// announced meanwhile; once it listens again, its event streams re-read the
+// store at once instead of at their keep-alive.
+func TestStreamsCatchUpAfterListenerLoss(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	r1 := kt.Start(t, kt.Options{DBURL: url, ReplicaID: "writer", Token: token})
+	// The second replica names its connections, so that the test can cut
+	// its listener alone.
+	named, _ := neturl.Parse(url)
+	q := named.Query()
+	q.Set("application_name", "rebuno-tail")
+	named.RawQuery = q.Encode()
+	r2 := kt.Start(t, kt.Options{DBURL: named.String(), ReplicaID: "tail", Token: token})
+	a := r1.NewAgent("resync-agent", "")
+	id := r1.CreateExecution("resync-agent", "{}")
+	lease := deliver(t, r1, a, id)
+	d := a.Submit(id, lease, `{"kind":"tool_call","target":"warm","args":{}}`) // r1's pools now hold connections
+	a.Complete(id, d.StepID, lease, `{}`)
+	stream := openSSE(t, r2, "/v0/executions/"+id+"/events/stream")
+	stream.until(t, d.StepID)
+	stream.until(t, `"step.succeeded"`)
+
+	// No new connection is allowed: r2 cannot listen again, while r1
+	// commits and notifies over the connections it has.
+	db := pgx.Identifier{pgtest.Name(t, url)}.Sanitize()
+	pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS false`)
+	t.Cleanup(func() { pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`) })
+	pgtest.Admin(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rebuno-tail' AND query = 'LISTEN rebuno'`)
+	missed := a.Submit(id, lease, `{"kind":"tool_call","target":"missed","args":{}}`)
+	select {
+	case f := <-stream.frames:
+		t.Fatalf("a frame reached the replica without a listener: %s", f.data)
+	case <-time.After(time.Second):
+	}
+	pgtest.Admin(t, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`)
+	restored := time.Now()
+	f := stream.until(t, missed.StepID)
+	// The stream's keep-alive re-read comes 15 s after its last frame,
+	// sent before the cut: past 8 s after the restore, only that re-read
+	// could have found the event.
+	if took := f.at.Sub(restored); took > 8*time.Second {
+		t.Errorf("the missed event reached the stream %s after the listener could return: no resync woke it", took)
+	}
 }
 
 // A read waiting on one replica is answered when the execution ends on

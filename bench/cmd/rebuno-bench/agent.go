@@ -21,7 +21,10 @@ import (
 // client speaks the kernel's HTTP API as a bearer client and, signing with
 // the agent's secret (v1 signatures), as the agent.
 type client struct {
-	base    atomic.Pointer[string]
+	// bases are the kernel's URLs, one per replica; requests go to each in
+	// turn, as a load balancer would send them.
+	bases   atomic.Pointer[[]string]
+	next    atomic.Uint64
 	token   string
 	agentID string
 	secret  []byte
@@ -42,7 +45,16 @@ func newClient(base, token, agentID, secret string) *client {
 }
 
 // SetBase points the client at a (restarted) kernel.
-func (c *client) SetBase(base string) { c.base.Store(&base) }
+func (c *client) SetBase(base string) { c.SetBases([]string{base}) }
+
+// SetBases points the client at replicas of one kernel.
+func (c *client) SetBases(bases []string) { c.bases.Store(&bases) }
+
+// url is path on the next replica.
+func (c *client) url(path string) string {
+	bases := *c.bases.Load()
+	return bases[c.next.Add(1)%uint64(len(bases))] + path
+}
 
 // apiError is a non-success answer.
 type apiError struct {
@@ -76,7 +88,7 @@ func (c *client) send(req *http.Request, want int) ([]byte, http.Header, error) 
 
 // bearer sends a client request.
 func (c *client) bearer(method, path string, body []byte, want int) ([]byte, error) {
-	req, err := http.NewRequest(method, *c.base.Load()+path, bytes.NewReader(body))
+	req, err := http.NewRequest(method, c.url(path), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +109,7 @@ type lease struct {
 // signed sends an agent request with a v1 signature and both dispatch
 // headers; occurrence >= 0 adds Rebuno-Step-Occurrence.
 func (c *client) signed(method, path string, body []byte, l lease, occurrence int64, want int) ([]byte, http.Header, error) {
-	req, err := http.NewRequest(method, *c.base.Load()+path, bytes.NewReader(body))
+	req, err := http.NewRequest(method, c.url(path), bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err
 	}

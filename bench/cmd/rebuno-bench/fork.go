@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -47,12 +46,7 @@ const (
 // four events the kernel appends for it, and ckpts checkpoints accepted with
 // the outcomes of evenly spaced steps (the last one, after the last step,
 // still open), then completes it.
-func insertForkSource(path, agentID string, n, body, ckpts int) (*forkSource, error) {
-	st, err := sqlite.Open(sqlite.Options{Path: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return nil, err
-	}
-	defer st.Close()
+func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*forkSource, error) {
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	src := &forkSource{id: uuid.Must(uuid.NewV7()).String(), steps: n, body: body, ckpts: ckpts}
@@ -252,7 +246,12 @@ func (b *bench) runFORK(ctx context.Context) *metricResult {
 	var cases []*forkCase
 	add := func(steps, body int) error {
 		t0 := time.Now()
-		src, err := insertForkSource(k.db, b.agentID, steps, body, max(steps/forkStepsPerCheckpoint, 1))
+		st, err := sqlite.Open(sqlite.Options{Path: k.db, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return err
+		}
+		src, err := insertForkSource(st, b.agentID, steps, body, max(steps/forkStepsPerCheckpoint, 1))
+		st.Close()
 		if err != nil {
 			return err
 		}

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"database/sql"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rebuno/rebuno/internal/store/sqlite"
 	kt "github.com/rebuno/rebuno/tests/kerneltest"
 )
 
@@ -120,7 +122,12 @@ func TestForkLadder(t *testing.T) {
 // execution's log, not as one large append (whose runs read faster).
 func TestForkSourcesAreStoredAsLiveLogsAre(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "src.db")
-	src, err := insertForkSource(path, "agent-a", 300, 64, 3)
+	st, err := sqlite.Open(sqlite.Options{Path: path, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := insertForkSource(st, "agent-a", 300, 64, 3)
+	st.Close()
 	if err != nil {
 		t.Fatal(err)
 	}

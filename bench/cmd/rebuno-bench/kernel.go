@@ -14,9 +14,11 @@ import (
 	"time"
 )
 
-// kernelProc is one `rebuno dev` process on its own database file.
+// kernelProc is one `rebuno dev` process on its own database file, or one
+// `rebuno server` replica on a Postgres database (dbURL).
 type kernelProc struct {
 	bin, db, token string
+	dbURL, replica string
 	pin            pinning
 	gomaxprocs     int
 	null           bool // this binary as a null kernel (nullkernel.go), not bin
@@ -42,6 +44,12 @@ func startKernel(bin, db, token string, pin pinning, gomaxprocs int) (*kernelPro
 	return k, k.start()
 }
 
+// startReplica launches a `rebuno server` replica on a Postgres database.
+func startReplica(bin, dbURL, replica, token string, pin pinning, gomaxprocs int) (*kernelProc, error) {
+	k := &kernelProc{bin: bin, dbURL: dbURL, replica: replica, token: token, pin: pin, gomaxprocs: gomaxprocs}
+	return k, k.start()
+}
+
 // startNullKernel launches this binary as a null kernel, pinned as a kernel
 // is.
 func startNullKernel(token string, pin pinning, gomaxprocs int) (*kernelProc, error) {
@@ -55,6 +63,10 @@ func startNullKernel(token string, pin pinning, gomaxprocs int) (*kernelProc, er
 
 func (k *kernelProc) start() error {
 	cmd := exec.Command(k.bin, "dev", "--db", k.db, "--listen-addr", "127.0.0.1:0", "--no-repl", "--bearer-token", k.token)
+	if k.dbURL != "" {
+		cmd = exec.Command(k.bin, "server", "--db-url", k.dbURL, "--replica-id", k.replica, "--listen-addr", "127.0.0.1:0",
+			"--bearer-token", k.token)
+	}
 	if k.null {
 		cmd = exec.Command(k.bin, nullKernelArg, "--bearer-token", k.token)
 	}

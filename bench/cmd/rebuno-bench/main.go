@@ -47,12 +47,17 @@ type config struct {
 	Keep         bool
 	NoPin        bool
 	GOMAXPROCS   int
+	// GOMAXPROCSSet: -kernel-gomaxprocs was given, which server mode
+	// then applies to its replicas too (they default to every CPU).
+	GOMAXPROCSSet bool
+	Postgres      string
 }
 
 var allMetrics = []string{"P1", "P2", "P3", "WAIT", "P4", "P5"}
 
-// optionalMetrics run only when -only names them.
-var optionalMetrics = []string{"FORK", "CEIL"}
+// optionalMetrics run only when -only names them; the PG ones need
+// -postgres.
+var optionalMetrics = []string{"FORK", "CEIL", "PG1", "PG3", "PGFORK"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rebuno-bench", flag.ContinueOnError)
@@ -62,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Long, "long", false, "make bench-long: 60s windows after 10s warm-up, and P5 up to 1,000,000 executions")
 	fs.DurationVar(&c.Warmup, "warmup", 5*time.Second, "warm-up before each measured window (default 10s with -long)")
 	fs.DurationVar(&c.Duration, "duration", 20*time.Second, "measured window per metric (default 60s with -long)")
-	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,WAIT,P4,P5, and FORK and CEIL, which run only when named); all but FORK and CEIL when empty")
+	only := fs.String("only", "", "comma-separated metrics to run (P1,P2,P3,WAIT,P4,P5, and FORK, CEIL, PG1, PG3 and PGFORK, which run only when named); all but those when empty")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "concurrent executions for P2 and P5")
 	fs.IntVar(&c.StepsPerExec, "steps-per-execution", 10000, "P1/P2: an execution is completed and replaced after this many steps")
 	fs.DurationVar(&c.P3Interval, "p3-load-interval", 50*time.Millisecond, "P3 under load: one probe execution every this long")
@@ -76,6 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.TmpDir, "tmpdir", "", "parent folder of the bench's temporary folder (the disk under test); default $TMPDIR")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the databases")
 	fs.BoolVar(&c.NoPin, "no-pin", false, "do not pin the kernel and the load generator to cores")
+	fs.StringVar(&c.Postgres, "postgres", "", "PG1, PG3, PGFORK: a Postgres server (postgres://…) on which the bench may create and drop databases; tests/postgres/cluster.sh start makes one")
 	fs.IntVar(&c.GOMAXPROCS, "kernel-gomaxprocs", 1, "GOMAXPROCS of the kernel (docs/protocol/conformance.md §4 conditions: 1; other values are for diagnosis only)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -85,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.GOMAXPROCSSet = set["kernel-gomaxprocs"]
 	if c.Long {
 		if !set["warmup"] {
 			c.Warmup = 10 * time.Second
@@ -107,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			ok = ok || m == known
 		}
 		if !ok {
-			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5, WAIT, FORK or CEIL)", m)
+			return nil, fmt.Errorf("-only: unknown metric %q (want P1..P5, WAIT, FORK, CEIL, PG1, PG3 or PGFORK)", m)
 		}
 		c.Only[m] = true
 	}
@@ -128,6 +135,16 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-fork-steps must be >= 100 and -fork-samples >= 1")
 	}
 	return c, nil
+}
+
+// serverModeOnly reports whether every metric to run is a server-mode one.
+func serverModeOnly(c *config) bool {
+	for m := range c.Only {
+		if !strings.HasPrefix(m, "PG") {
+			return false
+		}
+	}
+	return len(c.Only) > 0
 }
 
 func (c *config) runs(id string) bool {
@@ -155,6 +172,8 @@ type bench struct {
 
 	// P3 under load is measured during P2.
 	p3UnderLoad, p3UnderLoadCreate []time.Duration
+
+	pgVersion string // of the -postgres server
 }
 
 func main() {
@@ -268,6 +287,15 @@ func run(ctx context.Context, cfg *config, pin pinning, out io.Writer) error {
 		run func(context.Context) *metricResult
 	}{
 		{"P1", b.runP1}, {"P2", b.runP2}, {"P3", b.runP3}, {"WAIT", b.runWAIT}, {"P4", b.runP4}, {"P5", b.runP5}, {"FORK", b.runFORK}, {"CEIL", b.runCEIL},
+		{"PG1", b.runPG1}, {"PG3", b.runPG3}, {"PGFORK", b.runPGFORK},
+	}
+	if cfg.Postgres != "" {
+		b.pgVersion = postgresVersion(ctx, cfg.Postgres)
+		fmt.Fprintf(out, "  postgres:       %s\n\n", b.pgVersion)
+		if serverModeOnly(cfg) {
+			r.Store = b.pgVersion + ", rebuno server replicas"
+			r.Pinning = b.unpinned().String()
+		}
 	}
 	for _, m := range metrics {
 		if !cfg.runs(m.id) {

@@ -17,15 +17,22 @@ type dialect struct{}
 // SQLite numbers them. Text inside single quotes is left alone. Queries are
 // rewritten once and remembered.
 func (dialect) Rebind(query string) string {
-	if v, ok := rebound.Load(query); ok {
-		return v.(string)
+	v, ok := rebound.Load(query)
+	if !ok {
+		v = rebind(query)
+		if reboundCount.Add(1) <= maxRebound {
+			rebound.Store(query, v)
+		}
 	}
-	out := rebind(query)
-	if reboundCount.Add(1) <= maxRebound {
-		rebound.Store(query, out)
+	if hook := queryHook.Load(); hook != nil {
+		(*hook)(v.(string))
 	}
-	return out
+	return v.(string)
 }
+
+// queryHook, when set (by tests), sees every query the SQL layer runs, as
+// Postgres receives it.
+var queryHook atomic.Pointer[func(query string)]
 
 // maxRebound bounds the remembered queries: multi-row inserts differ by
 // their row counts, and beyond the bound they are simply rewritten again.

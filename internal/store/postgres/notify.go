@@ -246,8 +246,9 @@ func (n *notifier) listen(ctx context.Context) error {
 
 // receive hands every notification from another process to the listeners
 // until ctx ends, listening again whenever the connection breaks. What was
-// sent while it was down is lost, so after listening again it wakes the
-// dispatchers, whose poll finds the work those notifications announced.
+// sent while it was down is lost, so after listening again it raises
+// store.TopicResync: dispatchers look for due work, and event streams and
+// delta consumers re-read the store, at once.
 func (n *notifier) receive(ctx context.Context) {
 	wait := retryMin
 	for {
@@ -265,7 +266,7 @@ func (n *notifier) receive(ctx context.Context) {
 			}
 			wait = retryMin
 			n.log.Info("listening for notifications from the other replicas again")
-			n.local.Notify(store.Notification{Topic: store.TopicDispatch})
+			n.local.Notify(store.Notification{Topic: store.TopicResync})
 		}
 		note, err := n.conn.WaitForNotification(ctx)
 		if err != nil {

@@ -312,3 +312,33 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// When its listening connection breaks, a store listens again and raises
+// TopicResync in process: what the other replicas announced meanwhile is
+// lost, so everything waiting here must re-read the store at once.
+func TestListenerBreakRaisesResync(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	s := openAt(t, url)
+	resync := make(chan struct{}, 1)
+	s.Notifier().Listen(func(n store.Notification) {
+		if n.Topic == store.TopicResync {
+			select {
+			case resync <- struct{}{}:
+			default:
+			}
+		}
+	})
+	rows := query(t, url, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+ WHERE datname = $1 AND query = 'LISTEN rebuno'`, pgtest.Name(t, url))
+	var cut int
+	rows.Next()
+	if err := rows.Scan(&cut); err != nil || cut != 1 {
+		t.Fatalf("terminated %d listening connections (%v), want 1", cut, err)
+	}
+	rows.Close()
+	select {
+	case <-resync:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no resync within 20s of the listening connection's loss")
+	}
+}

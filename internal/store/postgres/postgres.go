@@ -124,7 +124,11 @@ func config(url string) (*pgxpool.Config, error) {
 	if !strings.Contains(url, "connect_timeout") {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "rebuno"
+	// Operators may name each replica's connections in the URL
+	// (application_name=…) to tell them apart in pg_stat_activity.
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "rebuno"
+	}
 	return cfg, nil
 }
 
@@ -252,23 +256,35 @@ func (s *Store) TryUpdate(ctx context.Context, lockExecutionID string, fn func(c
 
 func (s *Store) update(ctx context.Context, lockID string, skipLocked bool, fn func(ctx context.Context, tx store.Tx) error) error {
 	start := time.Now()
-	sqlTx, err := s.db.BeginTx(ctx, nil)
+	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return classify(err)
 	}
-	tx := sqlstore.NewTx(sqlTx, dialect{})
+	// BEGIN is held like a write (conn.go): it goes with the first
+	// statement that needs an answer.
+	c := &opConn{conn: conn}
+	c.ExecContext(ctx, "BEGIN")
+	tx := sqlstore.NewTx(c, dialect{})
 	if lockID != "" {
 		err = tx.LockExecution(ctx, lockID, skipLocked)
 	}
 	if err == nil {
 		err = sqlstore.RunUnit(ctx, fn, tx)
 	}
-	if err != nil {
-		sqlTx.Rollback()
-		return err
+	if err == nil {
+		err = c.flush(ctx, "COMMIT")
 	}
-	if err := sqlTx.Commit(); err != nil {
-		return classify(err)
+	if err != nil {
+		c.rollback()
+	}
+	// The connection goes back before the after-commit work, which may
+	// need one of its own.
+	conn.Close()
+	if err != nil {
+		if c.err != nil {
+			return c.err // a held write's failure, which the operation saw as its consequence
+		}
+		return err
 	}
 	if s.obs != nil {
 		s.obs.ObserveCommit(1, time.Since(start))

@@ -77,9 +77,13 @@ func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
 		args := []any{id, run[n-1].Seq, run[0].Seq, encodeRun(run)}
 		query := `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`
 		if check {
+			// The highest seq stored, each read from its index's end: a
+			// planner that misjudges how many of a table's rows are this
+			// execution's (Postgres's generic plans, made while one
+			// execution fills the table) cannot turn it into a scan.
 			query = `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) SELECT ?,?,?,?
- WHERE NOT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND event_seq >= ?)
- AND NOT EXISTS (SELECT 1 FROM event_runs WHERE execution_id = ? AND last_seq >= ?)`
+ WHERE COALESCE((SELECT MAX(event_seq) FROM events WHERE execution_id = ?), 0) < ?
+ AND COALESCE((SELECT MAX(last_seq) FROM event_runs WHERE execution_id = ?), 0) < ?`
 			args = append(args, id, first, id, first)
 		}
 		res, err := t.result(ctx, query, args...)
@@ -112,8 +116,11 @@ func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64
 	if err != nil {
 		return nil, err
 	}
-	runs, err := q.query(ctx, `SELECT first_seq, events FROM event_runs WHERE execution_id = ? AND last_seq > ? ORDER BY last_seq`,
-		executionID, afterSeq)
+	// Each run holds at least one event after afterSeq, so limit runs
+	// fill the page. Without the bound a server that sends a result whole
+	// (Postgres) would send every run after afterSeq for every page.
+	runs, err := q.query(ctx, `SELECT first_seq, events FROM event_runs WHERE execution_id = ? AND last_seq > ? ORDER BY last_seq LIMIT ?`,
+		executionID, afterSeq, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,7 @@ type sharedScenario struct {
 var sharedScenarios = []sharedScenario{
 	{"TryUpdateSkipsLockedExecution", testSharedTryUpdate},
 	{"SerialisedAcrossProcesses", testSharedSerialised},
+	{"WaiterReadsTheHoldersDispatch", testSharedWaiterReadsDispatch},
 	{"DispatchClaimedOnce", testSharedClaimOnce},
 	{"IdempotencyKeyAcrossProcesses", testSharedIdempotency},
 	{"AgentDeletionWaitsForCreate", testSharedAgentDeletion},
@@ -164,6 +165,53 @@ func testSharedTryUpdate(t *testing.T, sb SharedBackend) {
 	// Free again: TryUpdate goes through.
 	if err := b.TryUpdate(ctx, "exec-held", setStatus(wire.ExecFailed, "exec-held")); err != nil {
 		t.Errorf("TryUpdate once the lock is free: %v", err)
+	}
+}
+
+// A transaction that waited for an execution's lock reads the dispatch as
+// the holder left it, even when the holder wrote only the dispatch: a read
+// made with the lock's own statement would see it as it was when that
+// statement began, before the lock was granted, and claim it a second time.
+func testSharedWaiterReadsDispatch(t *testing.T, sb SharedBackend) {
+	a, b := sb.Open(t)
+	ctx := t.Context()
+	e := minimalExecution("exec-waiter", "agent", wire.ExecRunning)
+	e.DispatchID = "d-waiter"
+	write(t, a, e, simpleDispatch("d-waiter", e.ID, wire.DispatchPending, base, time.Time{}))
+	release := holdLock(t, a, e.ID, func(ctx context.Context, tx store.Tx) error {
+		d, err := tx.Dispatch(ctx, "d-waiter")
+		if err != nil {
+			return err
+		}
+		d.Status, d.Attempt, d.ClaimedBy = wire.DispatchInFlight, 1, "replica-a"
+		return tx.UpdateDispatch(ctx, d)
+	})
+	waited := make(chan error, 1)
+	var seen store.Dispatch
+	go func() {
+		waited <- b.Update(ctx, e.ID, func(ctx context.Context, tx store.Tx) error {
+			if _, err := tx.ExecutionHead(ctx, e.ID); err != nil {
+				return err
+			}
+			d, err := tx.Dispatch(ctx, "d-waiter")
+			if err == nil {
+				seen = *d
+			}
+			return err
+		})
+	}()
+	// Give b's lock read time to start waiting (a grant without the wait
+	// would prove nothing, but never fails the test).
+	time.Sleep(100 * time.Millisecond)
+	if err := release(); err != nil {
+		t.Fatalf("the holding transaction: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiting Update: %v", err)
+	}
+	if seen.Status != wire.DispatchInFlight || seen.Attempt != 1 || seen.ClaimedBy != "replica-a" {
+		t.Errorf("the waiting transaction read the dispatch as %s, attempt %d, claimed by %q; want the holder's in_flight, 1, replica-a",
+			seen.Status, seen.Attempt, seen.ClaimedBy)
 	}
 }
 

@@ -15,6 +15,10 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,4 +201,49 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Cluster is a Postgres server of the test's own, for tests that crash and
+// restart the server itself (which the shared one must never do).
+type Cluster struct {
+	tb    testing.TB
+	state string
+	// URL is the cluster's maintenance database; a server-mode kernel may
+	// use it directly.
+	URL string
+}
+
+// NewCluster starts a throwaway cluster with tests/postgres/cluster.sh and
+// stops it when the test ends. Like NewDatabase it needs the tests' Postgres
+// (REBUNO_TEST_POSTGRES_URL): where the shared server is not configured, the
+// binaries may be missing too, and the test is skipped (failed under CI).
+func NewCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	URL(tb)
+	c := &Cluster{tb: tb, state: tb.TempDir()}
+	c.URL = strings.TrimSpace(c.run("start"))
+	tb.Cleanup(func() { c.run("stop") })
+	return c
+}
+
+// Crash stops the server as a crash would: pg_ctl stop -m immediate, so
+// the next start recovers from the WAL.
+func (c *Cluster) Crash() { c.tb.Helper(); c.run("crash") }
+
+// Restart starts the server again after Crash, on the same port.
+func (c *Cluster) Restart() { c.tb.Helper(); c.run("restart") }
+
+func (c *Cluster) run(verb string) string {
+	c.tb.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "..", "tests", "postgres", "cluster.sh")
+	cmd := exec.Command(script, verb)
+	cmd.Env = append(os.Environ(), "REBUNO_PG_STATE="+c.state)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		c.tb.Fatalf("cluster.sh %s: %v\n%s", verb, err, stderr.String())
+	}
+	return string(out)
 }
