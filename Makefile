@@ -31,6 +31,7 @@ test: test-go test-compat test-sdk test-ts test-upgrade test-console
 ## Postgres test that finds no cluster fails instead of skipping.
 test-go: build build-test demo demo-go $(COMPAT_VENV)/.installed
 	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(PG_CLUSTER) run $(GO) test -count=1 ./...
 
 $(COMPAT_VENV)/.installed: tests/compat/requirements.txt

@@ -204,6 +204,21 @@ func handleList(c *call) error {
 	return c.listExecutions(renderExecution)
 }
 
+// page reads a list's cursor and limit parameters into f.
+func (c *call) page(f *store.ExecutionFilter) error {
+	cursor, err := c.query("cursor")
+	if err != nil {
+		return err
+	}
+	if cursor != "" {
+		if f.Cursor, err = parseUUID("cursor", cursor); err != nil {
+			return err
+		}
+	}
+	f.Limit, err = c.limit()
+	return err
+}
+
 // limit reads the limit parameter; negative values reach the kernel, which
 // refuses them.
 func (c *call) limit() (int, error) {

@@ -223,16 +223,7 @@ func handleForks(c *call) error {
 		return err
 	}
 	var f store.ExecutionFilter
-	cursor, err := c.query("cursor")
-	if err != nil {
-		return err
-	}
-	if cursor != "" {
-		if f.Cursor, err = parseUUID("cursor", cursor); err != nil {
-			return err
-		}
-	}
-	if f.Limit, err = c.limit(); err != nil {
+	if err := c.page(&f); err != nil {
 		return err
 	}
 	res, err := c.s.k.ListForks(c.ctx(), c.caller, id, f)

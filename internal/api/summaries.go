@@ -100,16 +100,7 @@ func (c *call) listExecutions(render func(*store.Execution) *jsonx.Object) error
 	if f.Status, err = c.query("status"); err != nil {
 		return err
 	}
-	cursor, err := c.query("cursor")
-	if err != nil {
-		return err
-	}
-	if cursor != "" {
-		if f.Cursor, err = parseUUID("cursor", cursor); err != nil {
-			return err
-		}
-	}
-	if f.Limit, err = c.limit(); err != nil {
+	if err = c.page(&f); err != nil {
 		return err
 	}
 	res, err := c.s.k.ListExecutions(c.ctx(), f)

@@ -353,7 +353,7 @@ func TestFailExecution(t *testing.T) {
 		}
 		e, del = fx.start("a1")
 		exact := strings.Repeat("b", 8190) + "é"
-		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: exact+"x"}); err != nil {
+		if err := fx.k.FailExecution(fx.ctx, c, e.ID, hdr(del), FailRequest{Reason: exact + "x"}); err != nil {
 			t.Fatal(err)
 		}
 		if ex := fx.exec(e.ID); ex.FailureReason != exact {

@@ -110,7 +110,9 @@ type CarriedOutcomeFile struct {
 }
 
 // LoadCarriedOutcomes reads carried-outcomes.json.
-func LoadCarriedOutcomes() CarriedOutcomeFile { return load[CarriedOutcomeFile]("carried-outcomes.json") }
+func LoadCarriedOutcomes() CarriedOutcomeFile {
+	return load[CarriedOutcomeFile]("carried-outcomes.json")
+}
 
 // LoadCanonical reads canonical-json.json.
 func LoadCanonical() CanonicalFile { return load[CanonicalFile]("canonical-json.json") }

@@ -191,10 +191,10 @@ const (
 	HeaderAllow               = "Allow"
 	// HeaderExtensions lists the protocol extensions the kernel accepts on
 	// submit answers (docs/protocol/steps.md §13).
-	HeaderExtensions = "Rebuno-Extensions"
-	SignaturePrefixV1         = "v1="
-	SignaturePrefixLegacy     = "sha256="
-	SignatureMessagePrefix    = "rebuno-request-v1"
+	HeaderExtensions       = "Rebuno-Extensions"
+	SignaturePrefixV1      = "v1="
+	SignaturePrefixLegacy  = "sha256="
+	SignatureMessagePrefix = "rebuno-request-v1"
 	// OccurrenceMessagePrefix starts the message an occurrence signature covers.
 	OccurrenceMessagePrefix = "rebuno-occurrence-v1"
 )

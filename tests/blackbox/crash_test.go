@@ -102,11 +102,15 @@ type cxWorkload struct {
 	// execution complete (docs/protocol/steps.md §13); a 200 to the carrier acknowledges it.
 	carried bool
 
-	mu              sync.Mutex
-	newest          map[string]int64  // execution → newest attempt seen
-	runs            map[string]int    // step → times its body ran (proceed)
-	known           map[string]string // step → its recorded result
-	acked           map[string]bool   // step → a complete was answered recorded
+	mu     sync.Mutex
+	newest map[string]int64  // execution → newest attempt seen
+	runs   map[string]int    // step → times its body ran (proceed)
+	known  map[string]string // step → its recorded result
+	// unanswered: step → the result carried by an execution complete that
+	// the kill cut before its answer. If that complete was committed, the
+	// execution ended with it and no later attempt replays the step to say so.
+	unanswered      map[string]string
+	acked           map[string]bool // step → a complete was answered recorded
 	ackedBeforeKill map[string]bool
 	killed          bool
 	acks            int
@@ -212,6 +216,11 @@ func (w *cxWorkload) handle(wh kt.Webhook) {
 	status, out, err := cxCall(w.ref, "POST", base+"/complete", `{"output":{"done":true}`+pending.member()+`}`, l)
 	switch {
 	case err != nil:
+		if pending != nil {
+			w.mu.Lock()
+			w.unanswered[pending.step] = pending.result
+			w.mu.Unlock()
+		}
 	case status == 204 || status == 409 && strings.Contains(string(out), `"execution_terminal"`):
 		if status == 204 && pending != nil {
 			w.ack(pending.step, pending.result)
@@ -277,7 +286,7 @@ func crashWorkload(t *testing.T, carried bool) {
 	k := kt.Start(t, kt.Options{ManualClock: true, Args: []string{"--dispatch-max-attempts", "50"}})
 	t.Cleanup(cxAgentClient.CloseIdleConnections)
 	w := &cxWorkload{t: t, a: k.NewAgent("crash-agent", `"lease_timeout_seconds":40`), steps: steps, carried: carried,
-		newest: map[string]int64{}, runs: map[string]int{}, known: map[string]string{}, acked: map[string]bool{},
+		newest: map[string]int64{}, runs: map[string]int{}, known: map[string]string{}, unanswered: map[string]string{}, acked: map[string]bool{},
 		ackedBeforeKill: map[string]bool{}, finished: map[string]bool{},
 		milestone: executions * steps / 3, reached: make(chan struct{})}
 	w.ref = cxRef(k, w.a)
@@ -364,8 +373,12 @@ func crashWorkload(t *testing.T, carried bool) {
 		}
 		for _, s := range list {
 			sid := cxRawString(s["step_id"])
-			if cxRawString(s["status"]) != "succeeded" || string(s["result"]) != w.known[sid] {
-				t.Fatalf("step %s: status %s result %s, answers said %s", sid, s["status"], s["result"], w.known[sid])
+			want, ok := w.known[sid]
+			if !ok {
+				want = w.unanswered[sid]
+			}
+			if cxRawString(s["status"]) != "succeeded" || string(s["result"]) != want {
+				t.Fatalf("step %s: status %s result %s, answers said %q", sid, s["status"], s["result"], want)
 			}
 			if w.runs[sid] < 1 || w.runs[sid] > 2 {
 				t.Fatalf("step %s ran %d times", sid, w.runs[sid])

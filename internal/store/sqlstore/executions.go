@@ -152,12 +152,18 @@ func (t *Tx) ExecutionHead(ctx context.Context, id string) (*store.Execution, er
 	}
 	e, err := t.Queries.ExecutionHead(ctx, id)
 	if err == nil {
-		t.statusOf, t.status = e.ID, e.Status
-		if t.cache != nil {
-			t.cache.keepExecution(e)
-		}
+		t.remember(e)
 	}
 	return e, err
+}
+
+// remember keeps the status of the execution just read (and its head,
+// when the backend keeps a cache).
+func (t *Tx) remember(e *store.Execution) {
+	t.statusOf, t.status = e.ID, e.Status
+	if t.cache != nil {
+		t.cache.keepExecution(e)
+	}
 }
 
 // Execution is Queries.Execution, remembering the status it read (and the
@@ -165,10 +171,7 @@ func (t *Tx) ExecutionHead(ctx context.Context, id string) (*store.Execution, er
 func (t *Tx) Execution(ctx context.Context, id string) (*store.Execution, error) {
 	e, err := t.Queries.Execution(ctx, id)
 	if err == nil {
-		t.statusOf, t.status = e.ID, e.Status
-		if t.cache != nil {
-			t.cache.keepExecution(e)
-		}
+		t.remember(e)
 	}
 	return e, err
 }

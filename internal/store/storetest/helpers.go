@@ -190,36 +190,29 @@ func sameStrings(t *testing.T, what string, got, want []string) {
 	}
 }
 
-func refIDs(refs []store.DispatchRef) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		out[i] = r.ID
+// pluck maps each element of l to one of its fields.
+func pluck[T, V any](l []T, field func(T) V) []V {
+	out := make([]V, len(l))
+	for i, x := range l {
+		out[i] = field(x)
 	}
 	return out
+}
+
+func refIDs(refs []store.DispatchRef) []string {
+	return pluck(refs, func(r store.DispatchRef) string { return r.ID })
 }
 
 func executionIDs(l []*store.Execution) []string {
-	out := make([]string, len(l))
-	for i, e := range l {
-		out[i] = e.ID
-	}
-	return out
+	return pluck(l, func(e *store.Execution) string { return e.ID })
 }
 
 func stepIDs(l []*store.Step) []string {
-	out := make([]string, len(l))
-	for i, s := range l {
-		out[i] = s.StepID
-	}
-	return out
+	return pluck(l, func(s *store.Step) string { return s.StepID })
 }
 
 func eventSeqs(l []*store.Event) []int64 {
-	out := make([]int64, len(l))
-	for i, e := range l {
-		out[i] = e.Seq
-	}
-	return out
+	return pluck(l, func(e *store.Event) int64 { return e.Seq })
 }
 
 func sorted(l []string) []string {
