@@ -21,18 +21,19 @@ build:
 build-test:
 	$(GO) build -tags rebuno_test -ldflags "$(LDFLAGS)" -o $(BIN)/rebuno-test ./cmd/rebuno
 
-## test: every test — Go unit, store contract on SQLite and Postgres, black-box (rebuno dev, and
-## rebuno server replicas on Postgres), the published-client compatibility suite, the Python and
+## test: every test — Go unit, store contract on SQLite and Postgres, the black-box suite on both
+## (rebuno dev, then rebuno server on Postgres), server replicas on Postgres, the published-client compatibility suite, the Python and
 ## TypeScript SDKs, the upgrade path from the published client to the Python SDK, and the web
 ## console in a real browser.
 test: test-go test-compat test-sdk test-ts test-upgrade test-console
 
-## test-go: the Go tests, inside a throwaway Postgres cluster (see PG_CLUSTER). Under CI=true a
+## test-go: the Go tests, inside a throwaway Postgres cluster (see PG_CLUSTER), then the black-box
+## suite again with every kernel on Postgres (REBUNO_TEST_BACKEND=postgres). Under CI=true a
 ## Postgres test that finds no cluster fails instead of skipping.
 test-go: build build-test demo demo-go $(COMPAT_VENV)/.installed
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
-	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(PG_CLUSTER) run $(GO) test -count=1 ./...
+	REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test $(PG_CLUSTER) run sh -c '$(GO) test -count=1 ./... && REBUNO_TEST_BACKEND=postgres $(GO) test -count=1 ./tests/blackbox/'
 
 $(COMPAT_VENV)/.installed: tests/compat/requirements.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)

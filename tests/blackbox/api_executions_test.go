@@ -193,7 +193,10 @@ func TestAPIExecutionList(t *testing.T) {
 	for w := 0; w < 5; w++ {
 		go func() {
 			for i := 0; i < n/5; i++ {
-				resp, err := http.Post(k.URL+"/v0/executions", "application/json", strings.NewReader(`{"agent_id":"lister"}`))
+				req, _ := http.NewRequest("POST", k.URL+"/v0/executions", strings.NewReader(`{"agent_id":"lister"}`))
+				req.Header.Set("Content-Type", "application/json")
+				k.Authorize(req)
+				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					errs <- err.Error()
 					continue

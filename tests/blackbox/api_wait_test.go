@@ -33,6 +33,7 @@ func wtSend(ctx context.Context, k *kt.Kernel, method, path, body string) chan w
 		if body != "" {
 			req.Header.Set("Content-Type", "application/json")
 		}
+		k.Authorize(req)
 		client := &http.Client{Transport: &http.Transport{}}
 		defer client.CloseIdleConnections()
 		resp, err := client.Do(req)

@@ -173,6 +173,7 @@ func TestAuthBearer(t *testing.T) {
 // ignore Authorization, but HMAC routes still need a signature.
 func TestAuthBearerOff(t *testing.T) {
 	t.Parallel()
+	kt.SQLiteOnly(t, "rebuno server always requires a bearer token")
 	k := kt.Start(t, kt.Options{})
 	a := k.NewAgent("open", "")
 	run := hsStartRun(t, k, a, `null`)
@@ -384,8 +385,9 @@ func TestAuthHMAC(t *testing.T) {
 	}
 	hsUnchanged(t, k, run.id, before, "a request that failed authentication")
 
-	// The dual route with only a timestamp is a bearer request (open here).
+	// The dual route with only a timestamp is a bearer request.
 	req := hsPlain(t, k, "GET", ex+"/events", "")
+	k.Authorize(req)
 	req.Header.Set("Rebuno-Timestamp", ts(0))
 	k.Must(200, hsSend(t, k, req))
 	// Only the agent id, only the signature: HMAC selected, and refused.

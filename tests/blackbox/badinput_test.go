@@ -52,6 +52,7 @@ func TestBadInputBodySize(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.ContentLength = -1
+		k.Authorize(req)
 		return req
 	}
 
@@ -301,6 +302,7 @@ func TestBadInputCreate(t *testing.T) {
 	}
 	// A repeated Idempotency-Key header, even with equal values (docs/protocol/http.md §6).
 	req := hsPlain(t, k, "POST", "/v0/executions", `{"agent_id":"maker"}`)
+	k.Authorize(req)
 	req.Header.Add("Idempotency-Key", "dup-1")
 	req.Header.Add("Idempotency-Key", "dup-1")
 	hsWantErr(t, hsSend(t, k, req), 400, "validation_error")

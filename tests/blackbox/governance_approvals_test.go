@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -521,7 +522,10 @@ func TestGovApprovalRaces(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-startGun
-				resp, err := gvHTTP.Post(k.URL+path, "application/json", strings.NewReader(body))
+				req, _ := http.NewRequest("POST", k.URL+path, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				k.Authorize(req)
+				resp, err := gvHTTP.Do(req)
 				if err != nil {
 					mu.Lock()
 					answers[name] = answer{status: -1, body: []byte(err.Error())}

@@ -26,6 +26,7 @@ func TestBrowserShapedRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", contentType)
+		k.Authorize(req)
 		for name, v := range header {
 			if name == "Host" {
 				req.Host = v
@@ -84,10 +85,12 @@ func TestAllowedHostsAndOrigins(t *testing.T) {
 	k := kt.Start(t, kt.Options{Args: []string{"--allowed-hosts", "rebuno.internal", "--allowed-origins", "https://console.example.com"}})
 	k.NewAgent("listed", "")
 	req, _ := http.NewRequest("POST", k.URL+"/v0/executions", strings.NewReader(`{"agent_id":"listed"}`))
+	k.Authorize(req)
 	req.Host = "rebuno.internal:8080"
 	req.Header.Set("Origin", "https://console.example.com")
 	k.Must(201, hsSend(t, k, req))
 	req, _ = http.NewRequest("POST", k.URL+"/v0/executions", strings.NewReader(`{"agent_id":"listed"}`))
+	k.Authorize(req)
 	req.Header.Set("Origin", "https://other.example.com")
 	hsWantErr(t, hsSend(t, k, req), 403, "forbidden")
 }

@@ -107,6 +107,7 @@ func cxBearerGet(t *testing.T, k *kt.Kernel, path string, headers map[string]str
 	if err != nil {
 		t.Fatal(err)
 	}
+	k.Authorize(req)
 	for n, v := range headers {
 		req.Header.Set(n, v)
 	}

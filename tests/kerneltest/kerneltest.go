@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/rebuno/rebuno/internal/auth"
+	"github.com/rebuno/rebuno/internal/store/postgres/pgtest"
 )
 
 var (
@@ -94,11 +95,41 @@ type Kernel struct {
 
 var urlLine = regexp.MustCompile(`url:\s+http://(\S+)`)
 
-// Start launches `rebuno dev` and waits until it is ready.
+// BackendEnv names the backend a test's kernel runs on when the test does not
+// choose one: unset or "sqlite" is `rebuno dev` on a fresh file, "postgres"
+// is `rebuno server` on a fresh Postgres database (REBUNO_TEST_POSTGRES_URL),
+// so that one suite proves both backends.
+const BackendEnv = "REBUNO_TEST_BACKEND"
+
+// BackendToken is the bearer token of a kernel Start puts on Postgres: a
+// server refuses to run without one.
+const BackendToken = "kerneltest-backend-token"
+
+// OnPostgres reports whether kernels started without a database run on Postgres.
+func OnPostgres() bool { return os.Getenv(BackendEnv) == "postgres" }
+
+// SQLiteOnly skips a test of what only `rebuno dev` has (its database file,
+// its REPL) when the suite runs on Postgres.
+func SQLiteOnly(tb testing.TB, why string) {
+	tb.Helper()
+	if OnPostgres() {
+		tb.Skipf("rebuno dev only (%s): not part of the Postgres run", why)
+	}
+}
+
+// Start launches the kernel (`rebuno dev`, or `rebuno server` with DBURL or
+// on the Postgres backend) and waits until it is ready.
 func Start(tb testing.TB, opt Options) *Kernel {
 	tb.Helper()
 	if opt.DB == "" && opt.DBURL == "" {
-		opt.DB = filepath.Join(tb.TempDir(), "rebuno.db")
+		if OnPostgres() {
+			opt.DBURL = pgtest.NewDatabase(tb)
+			if opt.Token == "" {
+				opt.Token = BackendToken
+			}
+		} else {
+			opt.DB = filepath.Join(tb.TempDir(), "rebuno.db")
+		}
 	}
 	k := &Kernel{tb: tb, opt: opt, addr: "127.0.0.1:0", HTTP: &http.Client{Timeout: 30 * time.Second}}
 	k.start()
@@ -291,9 +322,7 @@ func (k *Kernel) Do(method, path string, body []byte, headers map[string]string)
 	if err != nil {
 		k.tb.Fatal(err)
 	}
-	if k.opt.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+k.opt.Token)
-	}
+	k.Authorize(req)
 	if len(body) > 0 {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -301,6 +330,14 @@ func (k *Kernel) Do(method, path string, body []byte, headers map[string]string)
 		req.Header.Set(name, v)
 	}
 	return k.send(req)
+}
+
+// Authorize adds the kernel's bearer token to a request built by hand; a
+// kernel without one (rebuno dev's default) takes the request as it is.
+func (k *Kernel) Authorize(req *http.Request) {
+	if k.opt.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+k.opt.Token)
+	}
 }
 
 func (k *Kernel) send(req *http.Request) *Response {
