@@ -35,7 +35,7 @@ func (a *App) execCommand() *cobra.Command {
 			"  rebuno exec watch 9c2e41f7\n" +
 			"  rebuno exec events 9c2e41f7 --json | jq .type",
 	}
-	c.AddCommand(a.execCreate(), a.execGet(), a.execLs(), a.execEvents(), a.execWatch(), a.execCancel())
+	c.AddCommand(a.execCreate(), a.execRun(), a.execGet(), a.execLs(), a.execEvents(), a.execWatch(), a.execCancel())
 	registry.Lock()
 	verbs := append([]func(*App) *cobra.Command(nil), registry.execVerbs...)
 	registry.Unlock()
@@ -151,6 +151,23 @@ func (a *App) execCreate() *cobra.Command {
 	c.Flags().StringVar(&version, "agent-version", "", "agent version to record on the execution")
 	c.Flags().BoolVar(&watch, "watch", false, "follow the timeline until the execution ends (exit 4 if it fails or is cancelled)")
 	c.Flags().BoolVar(&wait, "wait", false, "wait until the execution ends and print its output (exit 4 if it fails or is cancelled)")
+	return c
+}
+
+// execRun is `exec create --wait` under the name the SDKs give it
+// (Client.run): an agent called like a function.
+func (a *App) execRun() *cobra.Command {
+	c := a.execCreate()
+	c.Use = "run <agent_id> [input]"
+	c.Short = "Run an agent on an input and print its output (exec create --wait)"
+	c.Long = "Start an execution and wait until it ends, as `exec create --wait` does: its output\n" +
+		"(JSON) is printed, or, when it failed or was cancelled, the reason, with exit status 4.\n" +
+		"The kernel holds each request until the execution ends (no polling)."
+	c.Example = "  rebuno exec run researcher '{\"topic\":\"durable agents\"}' | jq .summary\n" +
+		"  rebuno exec run researcher @input.json > output.json"
+	c.Flags().Set("wait", "true")
+	c.Flags().MarkHidden("wait")
+	c.Flags().MarkHidden("watch")
 	return c
 }
 

@@ -104,3 +104,34 @@ func TestCreateWait(t *testing.T) {
 		t.Fatalf("--wait with --watch: %s", r)
 	}
 }
+
+// TestExecRun: `exec run` is `exec create --wait` under the SDKs' name for
+// it: the output once the execution ends, exit 4 with the reason when it
+// fails.
+func TestExecRun(t *testing.T) {
+	k := kt.Start(t, kt.Options{})
+	a := k.NewAgent("researcher", "")
+	env := []string{"REBUNO_URL=" + k.URL}
+
+	w := startWatch(t, env, "exec", "run", "researcher", `{"topic":"run"}`)
+	wh := a.NextWebhook()
+	if in := k.Execution(wh.ExecutionID)["input"]; in.(map[string]any)["topic"] != "run" {
+		t.Fatalf("exec run created an execution with input %v", in)
+	}
+	a.Finish(wh.ExecutionID, kt.LeaseOf(wh), `{"summary": "ran"}`)
+	if code := w.wait(t); code != 0 || strings.Join(w.lines, "\n") != `{"summary": "ran"}` {
+		t.Fatalf("exec run: exit %d, stdout %q, stderr %q", code, w.lines, w.errText())
+	}
+
+	w = startWatch(t, env, "exec", "run", "researcher")
+	wh = a.NextWebhook()
+	k.Must(204, a.Request("POST", "/v0/executions/"+wh.ExecutionID+"/fail", []byte(`{"error":"no luck"}`), kt.LeaseOf(wh)))
+	if code := w.wait(t); code != 4 || len(w.lines) != 0 || !strings.Contains(w.errText(), "ended failed: no luck") {
+		t.Fatalf("exec run of a failed execution: exit %d, stdout %q, stderr %q", code, w.lines, w.errText())
+	}
+
+	r := cli(t, k, 2, "exec", "run")
+	if !strings.Contains(r.Stderr, "takes an agent id") {
+		t.Fatalf("exec run without an agent: %s", r)
+	}
+}
