@@ -71,7 +71,7 @@ func TestCompletion(t *testing.T) {
 	for line, want := range map[string][]string{
 		"ex":                  {"exec ", "execution ", "executions ", "exit "},
 		"exec w":              {"watch "},
-		"exec ":               {"cancel ", "coverage ", "create ", "events ", "fork ", "forks ", "get ", "list ", "ls ", "watch "},
+		"exec ":               {"cancel ", "coverage ", "create ", "events ", "fork ", "forks ", "get ", "list ", "ls ", "run ", "watch "},
 		"agent r":             {"rm "},
 		"exec get ":           {"14b3cad6 ", "99999999 "},
 		"exec watch 9":        {"99999999 "},
