@@ -213,7 +213,7 @@ func (b *bench) runP1(ctx context.Context) *metricResult {
 	} else {
 		m.addTarget("pair p50", "≤ 1 ms", "no samples", false)
 	}
-	m.note("Postgres: not measured — this build has no Postgres store (`rebuno server` is not available yet)")
+	m.note("Postgres: the same pair on rebuno server is PG1's (make bench runs it on a throwaway cluster)")
 	m.note("each step is a new tool_call with distinct args; two durable commits per step (submit, complete); with carried outcomes (docs/protocol/steps.md §13) one")
 	return m
 }
