@@ -2,16 +2,20 @@
  * What every console test needs: the real kernel (`rebuno dev`, with a
  * bootstrap token unless the test wants auth off), API keys of each role,
  * the TypeScript SDK agent of agents/agent.ts with a policy that asks a human
- * before every email, the gate server, and the system Chromium.
+ * before every email, the gate server, and a browser (browser.ts): Chromium
+ * unless another is given.
  */
 
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
+import type { BrowserContext as PlaywrightContext, Page as PlaywrightPage } from "playwright-core";
 import { AgentProcess, Kernel, eventually } from "../../../sdk/typescript/test/support/kernel.ts";
+import type { Browser, BrowserDriver, Context, Page } from "./browser.ts";
 import { Gates } from "./gates.ts";
+import { chromium } from "./playwright.ts";
+import { firefox } from "./puppeteer.ts";
 
 export { eventually };
 
@@ -30,21 +34,25 @@ rules:
       approval_config: {message: "Check the recipient."}
 `;
 
-/** Chromium from Debian's package (make test-console installs it); never a download. */
-export const CHROMIUM = process.env.REBUNO_CHROMIUM ?? "/usr/bin/chromium";
-const CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-  "--disable-component-update", "--disable-sync"];
+/** The browsers every scenario runs in, from Debian's packages (make test-console installs them); never a download. */
+export const CHROMIUM = chromium(process.env.REBUNO_CHROMIUM ?? "/usr/bin/chromium");
+export const FIREFOX = firefox(process.env.REBUNO_FIREFOX ?? "/usr/bin/firefox-esr");
+export const BROWSERS: BrowserDriver[] = [CHROMIUM, FIREFOX];
 
-export class World {
+/** P and C are the page and context types of the driver: Playwright's own for Chromium, which bench/console uses as they are. */
+export class World<P extends Page = PlaywrightPage, C extends Context = PlaywrightContext> {
   kernel: Kernel;
   gates = new Gates();
   agent: AgentProcess | undefined;
-  browser: Browser | undefined;
+  browser: Browser<P, C> | undefined;
   keys: Record<string, string> = {};
+  readonly driver: BrowserDriver<P, C>;
   private resources = fs.mkdtempSync(path.join(os.tmpdir(), "rebuno-console-ws-"));
 
-  constructor(readonly auth = true) {
+  constructor(readonly auth = true, driver?: BrowserDriver<P, C>) {
     this.kernel = new Kernel(auth ? ["--bearer-token", BOOTSTRAP] : [], false);
+    // Without a driver P and C are Playwright's, which CHROMIUM gives.
+    this.driver = driver ?? (CHROMIUM as unknown as BrowserDriver<P, C>);
   }
 
   get url(): string {
@@ -64,8 +72,7 @@ export class World {
         this.keys[name] = (await this.api("POST", "/v0/keys", { name, role })).token;
       }
     }
-    // Headless, with a fresh profile per launch (Playwright's --user-data-dir).
-    this.browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_FLAGS });
+    this.browser = await this.driver.launch();
     return this;
   }
 
@@ -106,9 +113,8 @@ export class World {
   }
 
   /** A page in a fresh browser context (no cookies), signed in with a key when given. */
-  async page(key?: string): Promise<{ page: Page; context: BrowserContext; dialogs: string[] }> {
-    const context = await this.browser!.newContext({ viewport: { width: 1280, height: 900 } });
-    const page = await context.newPage();
+  async page(key?: string): Promise<{ page: P; context: C; dialogs: string[] }> {
+    const { page, context } = await this.browser!.newPage();
     const dialogs: string[] = [];
     page.on("dialog", (d) => {
       dialogs.push(`${d.type()}: ${d.message()}`);
@@ -118,20 +124,23 @@ export class World {
     if (key) await signIn(page, this.url, key);
     return { page, context, dialogs };
   }
+
+  /**
+   * Saves a picture of the page when asked for (make console-screenshots),
+   * else nothing. The pictures of docs/console.md are Chromium's.
+   */
+  async screenshot(page: P, name: string, fullPage = false): Promise<void> {
+    const dir = process.env.REBUNO_CONSOLE_SCREENSHOTS;
+    if (!dir || this.driver.name !== CHROMIUM.name) return;
+    fs.mkdirSync(dir, { recursive: true });
+    await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage });
+  }
 }
 
 /** Signs in through the console's form. */
 export async function signIn(page: Page, url: string, key: string): Promise<void> {
   await page.goto(`${url}/ui/sign-in`);
-  await page.getByLabel("API key").fill(key);
-  await page.getByRole("button", { name: "Sign in" }).click();
-  await page.getByRole("heading", { name: "Executions" }).waitFor();
-}
-
-/** Where screenshots go when asked for (make console-screenshots), else nowhere. */
-export async function screenshot(page: Page, name: string, fullPage = false): Promise<void> {
-  const dir = process.env.REBUNO_CONSOLE_SCREENSHOTS;
-  if (!dir) return;
-  fs.mkdirSync(dir, { recursive: true });
-  await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage });
+  await page.getByLabel("API key", { exact: true }).fill(key);
+  await page.getByRole("button", { name: "Sign in", exact: true }).click();
+  await page.getByRole("heading", { name: "Executions", exact: true }).waitFor();
 }
