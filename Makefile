@@ -10,7 +10,7 @@ COMPAT_VENV := tests/compat/.venv
 # runs a command with REBUNO_TEST_POSTGRES_URL pointing at it, and stops it whatever the command does.
 PG_CLUSTER := tests/postgres/cluster.sh
 
-.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade test-console console-screenshots chromium bench bench-long bench-peers bench-peers-smoke bench-console demo demo-go demo-ts fuzz clean
+.PHONY: all build build-test test test-go test-compat test-sdk test-ts test-upgrade test-console console-screenshots chromium firefox bench bench-long bench-peers bench-peers-smoke bench-console demo demo-go demo-ts fuzz clean
 
 all: build
 
@@ -82,22 +82,26 @@ test-ts: build-test $(SDK_VENV)/.installed $(EXAMPLES_TS)/node_modules/.installe
 	cd $(SDK_TS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_PYTHON=$(CURDIR)/$(SDK_VENV)/bin/python npx vitest run
 
 CONSOLE_TESTS := tests/console
-# Chromium from Debian's packages; Playwright never downloads a browser here.
+# The browsers come from Debian's packages; neither Playwright nor Puppeteer downloads one here.
 CHROMIUM ?= /usr/bin/chromium
+FIREFOX ?= /usr/bin/firefox-esr
 
 chromium:
 	@test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+firefox:
+	@test -x $(FIREFOX) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq firefox-esr >/dev/null)
 
 $(CONSOLE_TESTS)/node_modules/.installed: $(CONSOLE_TESTS)/package.json $(CONSOLE_TESTS)/package-lock.json $(SDK_TS)/dist/index.js
 	cd $(CONSOLE_TESTS) && $(NPM_CI)
 	touch $@
 
 ## test-console: the web console (internal/console): tsc --strict over its scripts (checkJs) and the
-## tests, then the browser tests: headless Chromium driven by playwright-core against the real
-## kernel and a TypeScript SDK agent.
-test-console: build-test chromium $(CONSOLE_TESTS)/node_modules/.installed
+## tests, then the browser tests against the real kernel and a TypeScript SDK agent, every scenario
+## twice: in headless Chromium (playwright-core) and in headless Firefox ESR (puppeteer-core, WebDriver BiDi).
+test-console: build-test chromium firefox $(CONSOLE_TESTS)/node_modules/.installed
 	cd $(CONSOLE_TESTS) && npx tsc -p tsconfig.ui.json --noEmit && npx tsc -p tsconfig.json --noEmit
-	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_CHROMIUM=$(CHROMIUM) npx vitest run
+	cd $(CONSOLE_TESTS) && REBUNO_BIN=$(CURDIR)/$(BIN)/rebuno-test REBUNO_CHROMIUM=$(CHROMIUM) REBUNO_FIREFOX=$(FIREFOX) npx vitest run
 
 ## console-screenshots: the browser tests again, saving the pictures of docs/console.md.
 console-screenshots: build-test chromium $(CONSOLE_TESTS)/node_modules/.installed

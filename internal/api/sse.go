@@ -51,7 +51,10 @@ func (c *call) openStream(kind string) (*sseWriter, func(), error) {
 	c.w.WriteHeader(http.StatusOK)
 	c.status = http.StatusOK
 	sw := &sseWriter{w: c.w, rc: http.NewResponseController(c.w)}
-	if err := sw.rc.Flush(); err != nil {
+	// A comment line opens the body at once: Firefox's EventSource reports the
+	// stream open only when the first body bytes arrive, not the headers, and
+	// would otherwise say "connecting" until the first event or keep-alive.
+	if err := sw.write([]byte(": open\n\n")); err != nil {
 		done()
 		return nil, nil, nil
 	}
