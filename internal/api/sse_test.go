@@ -86,6 +86,11 @@ func openStream(t *testing.T, srv *httptest.Server, target string, h http.Header
 			}
 		}
 	}()
+	// Every stream opens with a comment (docs/protocol/events.md §4), which
+	// tells a browser's EventSource at once that the stream is open.
+	if f := s.next(t); !f.comment || f.data != ": open" {
+		t.Fatalf("first frame %+v, want the opening comment", f)
+	}
 	return s, resp
 }
 
