@@ -4,7 +4,8 @@
 Installs Restate and DBOS into a temporary folder (npm and PyPI, pinned by
 package-lock.json and requirements.txt beside this file), then runs one
 workload against every system: executions of STEPS no-op durable steps,
-COUNT of them one at a time (c1) and COUNT with 50 in flight (c50), in rounds
+COUNT of them one at a time (c1) and COUNT with 50 in flight (c50, or
+--concurrency), in rounds
 that take the systems in turn (each round in another order). Each system
 starts afresh in each round (a new database or data folder), gets a warm-up,
 then the two measured windows. Around each window the harness reads the CPU
@@ -14,7 +15,7 @@ syscall tracepoints, which cost the traced processes next to nothing (strace
 would stop them at every system call). It prints one table and the
 conditions.
 
-    python3 bench/peers/run.py [--quick] [--only rebuno-py,restate-ts] [--json FILE]
+    python3 bench/peers/run.py [--quick] [--only rebuno-py,restate-ts] [--concurrency 200] [--json FILE]
 
 restate-server looks up its latest release when it starts: it runs in a
 network namespace of its own with only loopback (`unshare -n`), and its
@@ -304,6 +305,8 @@ class Bench:
     postgres_url: str | None = None
     postmaster: int | None = None
     round: int = 0
+    # Executions in flight in the second window.
+    concurrency: int = CONCURRENCY
 
     def env(self, **extra: str) -> dict[str, str]:
         """The caller's environment without REBUNO_* (the kernel's and SDKs'
@@ -415,8 +418,8 @@ def measure_system(b: Bench, system: System, count: int) -> tuple[Window, Window
     try:
         running = system.start(b, procs)
         running.client.run(max(1, count // 20), 1)  # warm-up
-        running.client.run(min(count, CONCURRENCY), min(count, CONCURRENCY))
-        return measure(running, count, 1, logs), measure(running, count, CONCURRENCY, logs), running.client.how
+        running.client.run(min(count, b.concurrency), min(count, b.concurrency))
+        return measure(running, count, 1, logs), measure(running, count, b.concurrency, logs), running.client.how
     finally:
         procs.close()
 
@@ -489,15 +492,16 @@ def _median(values: list[float], digits: int = 0) -> str:
 
 def report(results: dict[str, list[tuple[Window, Window]]], how: dict[str, str], meta: dict[str, object]) -> str:
     """The table (markdown) and the conditions it was measured under."""
+    cn = f"c{meta['concurrency']}"
     lines = [
-        f"{meta['executions']} executions × {STEPS} no-op durable steps, one at a time (c1) and {CONCURRENCY} in "
-        f"flight (c50), {meta['rounds']} round(s) taking the systems in turn. steps/s: the range over rounds; "
+        f"{meta['executions']} executions × {STEPS} no-op durable steps, one at a time (c1) and {meta['concurrency']} in "
+        f"flight ({cn}), {meta['rounds']} round(s) taking the systems in turn. steps/s: the range over rounds; "
         "CPU: µs per step of each process with its descendants, from /proc, median over rounds; fsyncs: fsync + "
         "fdatasync calls per step of all those processes, counted by perf, median; load: the 1-minute load "
         "average when a window began, and the cores other processes on the machine used during the windows.",
         "",
-        "| system | steps/s c1 | steps/s c50 | CPU per step, c1 (µs) | CPU per step, c50 (µs) "
-        "| fsyncs per step, c1 · c50 | load · others (cores) |",
+        f"| system | steps/s c1 | steps/s {cn} | CPU per step, c1 (µs) | CPU per step, {cn} (µs) "
+        f"| fsyncs per step, c1 · {cn} | load · others (cores) |",
         "|---|---|---|---|---|---|---|",
     ]
     for system in SYSTEMS:
@@ -518,7 +522,7 @@ def report(results: dict[str, list[tuple[Window, Window]]], how: dict[str, str],
     def best(key: str, window: int) -> float:
         return max(pair[window].steps_per_second for pair in results[key])
 
-    ratios = [f"{ours} ÷ {peer}: c1 {best(ours, 0) / best(peer, 0):.2f}×, c50 {best(ours, 1) / best(peer, 1):.2f}×"
+    ratios = [f"{ours} ÷ {peer}: c1 {best(ours, 0) / best(peer, 0):.2f}×, {cn} {best(ours, 1) / best(peer, 1):.2f}×"
               for ours, peer in COMPARED if ours in results and peer in results]
     if ratios:
         lines += ["", f"Best round against best round (steps/s): {'; '.join(ratios)}."]
@@ -537,6 +541,8 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated systems: " + ",".join(s.key for s in SYSTEMS))
     parser.add_argument("--executions", type=int, help=f"executions per window (default {COUNT})")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {ROUNDS})")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY,
+                        help=f"executions in flight in the second window (default {CONCURRENCY})")
     parser.add_argument("--kernel", type=Path, default=REPO / "bin/rebuno")
     parser.add_argument("--python", type=Path, default=REPO / "sdk/python/.venv/bin/python",
                         help="the Python SDK's virtualenv")
@@ -546,6 +552,8 @@ def main() -> int:
     count = args.executions or (QUICK_COUNT if args.quick else COUNT)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
     keys = args.only.split(",") if args.only else [s.key for s in SYSTEMS]
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
     unknown = set(keys) - {s.key for s in SYSTEMS}
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
@@ -566,11 +574,12 @@ def main() -> int:
             print(f"keeping {tmp}")
         else:
             stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-        bench = Bench(tmp, args.kernel.resolve(), args.python.absolute())
+        bench = Bench(tmp, args.kernel.resolve(), args.python.absolute(), concurrency=args.concurrency)
         install(tmp)
         if any(s.key == "dbos-ts" for s in systems):
             start_postgres(bench, stack)
-        meta: dict[str, object] = {"executions": count, "rounds": rounds, "load_before": _load1(),
+        meta: dict[str, object] = {"executions": count, "rounds": rounds, "concurrency": args.concurrency,
+                                   "load_before": _load1(),
                                    "versions": versions(bench),
                                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         results: dict[str, list[tuple[Window, Window]]] = {}
@@ -581,14 +590,14 @@ def main() -> int:
                 c1, c50, how[system.key] = measure_system(bench, system, count)
                 results.setdefault(system.key, []).append((c1, c50))
                 print(f"round {bench.round} {system.key}: c1 {c1.steps_per_second:,.0f} steps/s, "
-                      f"c50 {c50.steps_per_second:,.0f} steps/s (load {c1.load1:.2f}; other processes "
+                      f"c{args.concurrency} {c50.steps_per_second:,.0f} steps/s (load {c1.load1:.2f}; other processes "
                       f"{c1.others:.2f} and {c50.others:.2f} cores)", flush=True)
         meta["load_after"] = _load1()
         print()
         print(report(results, how, meta))
         if args.json:
             args.json.write_text(json.dumps({
-                **meta, "steps": STEPS, "concurrency": CONCURRENCY, "how": how,
+                **meta, "steps": STEPS, "how": how,
                 "results": {k: [{"c1": vars(a), "c50": vars(b)} for a, b in v] for k, v in results.items()},
             }, indent=1))
     return 0
