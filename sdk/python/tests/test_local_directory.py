@@ -20,6 +20,7 @@ import pytest
 from rebuno import CheckpointUnavailable
 from rebuno.drivers import LocalDirectory, LocalDirectoryHandle
 from rebuno.drivers.local_directory import capture, durable, manifest_bytes, restore
+from rebuno.drivers.local_directory.files import _temp_path
 
 from .vectors import load
 
@@ -739,6 +740,22 @@ async def test_open(driver: LocalDirectory) -> None:
         await driver.open(binding)
     with pytest.raises(ValueError):
         await driver.open({"sandbox_id": "x"})
+
+
+async def test_open_removes_writes_a_crash_cut_short(driver: LocalDirectory) -> None:
+    # A kill -9 between a write's temporary file and its rename leaves the
+    # temporary file; the reopened workspace must not keep it (nor capture it).
+    h, binding = await driver.create()
+    await h.files.write("deep/notes.txt", "kept")
+    left = [_temp_path(h.path, "a.txt"), _temp_path(os.path.join(h.path, "deep"), "notes.txt")]
+    users = [os.path.join(h.path, n) for n in (".a.txt.rebuno-tmp", "b.rebuno-tmp", ".a.txt.1234.rebuno-tmp")]
+    for p in left + users:
+        with open(p, "w") as f:
+            f.write("x")
+    await driver.open(binding)
+    assert not any(os.path.exists(p) for p in left)
+    assert all(os.path.exists(p) for p in users)
+    assert await h.files.read("deep/notes.txt") == "kept"
 
 
 # -------------------------------------------------------------------- files

@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointUnavailable } from "../src/errors.js";
 import { LocalDirectory, LocalDirectoryHandle, manifestBytes, type ManifestEntry } from "../src/drivers/index.js";
+import { tempPath } from "../src/drivers/local-directory.js";
 import { loadVectors, type ManifestCase, type TreeFile } from "./vectors.js";
 
 const vectors = loadVectors<{ cases: ManifestCase[] }>("local-directory").cases;
@@ -172,6 +173,20 @@ describe("LocalDirectory", () => {
     expect((await driver.open(binding)).path).toBe(handle.path);
     fs.rmSync(handle.path, { recursive: true });
     await expect(driver.open(binding)).rejects.toMatchObject({ code: "ENOENT" });
+  });
+
+  it("removes, on reopening, the temporary files of writes a crash cut short", async () => {
+    // A kill -9 between a write's temporary file and its rename leaves the
+    // temporary file; the reopened workspace must not keep it (nor capture it).
+    const { handle, binding } = await driver.create();
+    await handle.files.write("deep/notes.txt", "kept");
+    const left = [tempPath(handle.path, "a.txt"), tempPath(path.join(handle.path, "deep"), "notes.txt")];
+    const users = [".a.txt.rebuno-tmp", "b.rebuno-tmp", ".a.txt.1234.rebuno-tmp"].map((n) => path.join(handle.path, n));
+    for (const p of [...left, ...users]) fs.writeFileSync(p, "x");
+    await driver.open(binding);
+    expect(left.filter((p) => fs.existsSync(p))).toEqual([]);
+    expect(users.filter((p) => fs.existsSync(p))).toEqual(users);
+    expect(await handle.files.read("deep/notes.txt")).toBe("kept");
   });
 
   it("refuses a FIFO", async () => {

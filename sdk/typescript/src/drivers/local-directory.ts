@@ -136,6 +136,41 @@ function decodeName(name: Buffer, where: string): string {
   }
 }
 
+// A write goes to a temporary file beside its target, then is renamed over it.
+// A crash between the two leaves the temporary file behind; its name says so.
+const INTERRUPTED = /^\..+\.[0-9a-f]{32}\.rebuno-tmp$/s;
+
+/** @internal The temporary file a write of `name` in `parent` goes through. */
+export function tempPath(parent: string, name: string): string {
+  return path.join(parent, `.${name}.${randomUUID().replaceAll("-", "")}.rebuno-tmp`);
+}
+
+/**
+ * Deletes the temporary files of writes that a crash cut short, so that a
+ * reopened workspace holds only files written whole (the write runs again
+ * when its step replays). Symlinked directories are not followed. Best
+ * effort: a directory it may not read or change keeps what it holds.
+ */
+function removeInterruptedWrites(dir: string): void {
+  let entries: fs.Dirent[];
+  try {
+    entries = fs.readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return;
+  }
+  for (const e of entries) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) removeInterruptedWrites(p);
+    else if (INTERRUPTED.test(e.name)) {
+      try {
+        fs.rmSync(p, { force: true });
+      } catch {
+        // left as it is, like an unreadable directory
+      }
+    }
+  }
+}
+
 function removeTree(p: string): void {
   // A restored mode may have made a directory read-only: open them up first.
   const open = (d: string): void => {
@@ -216,7 +251,7 @@ export class LocalFiles {
     } catch {
       // a new file
     }
-    const tmp = path.join(parent, `.${path.basename(real)}.${randomUUID().replaceAll("-", "")}.rebuno-tmp`);
+    const tmp = tempPath(parent, path.basename(real));
     try {
       await fs.promises.writeFile(tmp, data, { flag: "wx", mode: 0o600 });
       await fs.promises.chmod(tmp, mode);
@@ -395,7 +430,11 @@ export class LocalDirectory implements ResourceDriver<LocalDirectoryHandle, { pa
     return { handle: new LocalDirectoryHandle(dir), binding: { path: dir } };
   }
 
-  /** The handle of a recorded workspace; an `ENOENT` error when its directory is gone. */
+  /**
+   * The handle of a recorded workspace; an `ENOENT` error when its directory
+   * is gone. A workspace is reopened after its agent stopped, perhaps
+   * mid-write: the temporary files of such writes are removed.
+   */
   async open(binding: { path: string }): Promise<LocalDirectoryHandle> {
     if (typeof binding !== "object" || binding === null || typeof binding.path !== "string") {
       throw new TypeError(`a LocalDirectory binding is {"path": "<directory>"}, not ${JSON.stringify(binding)}`);
@@ -403,6 +442,7 @@ export class LocalDirectory implements ResourceDriver<LocalDirectoryHandle, { pa
     if (!isDir(binding.path)) {
       throw Object.assign(new Error(`the workspace directory is gone: ${binding.path}`), { code: "ENOENT", path: binding.path });
     }
+    removeInterruptedWrites(binding.path);
     return new LocalDirectoryHandle(binding.path);
   }
 

@@ -12,6 +12,7 @@ from typing import Any
 from ...errors import CheckpointUnavailable
 from .capture import capture
 from .durable import Syncer, force_rmtree, fsync_dir
+from .files import remove_interrupted_writes
 from .handle import LocalDirectoryHandle
 from .layout import StoreLayout
 from .manifest import Damaged
@@ -65,12 +66,14 @@ class LocalDirectory(StoreLayout):
 
     async def open(self, binding: Any) -> LocalDirectoryHandle:
         """The handle of a recorded workspace; `FileNotFoundError` when its
-        directory is gone."""
+        directory is gone. A workspace is reopened after its agent stopped,
+        perhaps mid-write: the temporary files of such writes are removed."""
         if not isinstance(binding, dict) or not isinstance(binding.get("path"), str):
             raise ValueError(f'a LocalDirectory binding is {{"path": "<directory>"}}, not {binding!r}')
         path = binding["path"]
         if not await asyncio.to_thread(os.path.isdir, path):
             raise FileNotFoundError(errno.ENOENT, "the workspace directory is gone", path)
+        await asyncio.to_thread(remove_interrupted_writes, path)
         return LocalDirectoryHandle(path)
 
     async def checkpoint(self, handle: LocalDirectoryHandle) -> str:

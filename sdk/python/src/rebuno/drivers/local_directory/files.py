@@ -5,11 +5,34 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import shutil
 import stat
 import uuid
 
-__all__ = ["LocalFiles"]
+__all__ = ["LocalFiles", "remove_interrupted_writes"]
+
+# A write goes to a temporary file beside its target, then is renamed over it.
+# A crash between the two leaves the temporary file behind; its name says so.
+_INTERRUPTED = re.compile(r"\..+\.[0-9a-f]{32}\.rebuno-tmp", re.DOTALL)
+
+
+def _temp_path(parent: str, name: str) -> str:
+    return os.path.join(parent, f".{name}.{uuid.uuid4().hex}.rebuno-tmp")
+
+
+def remove_interrupted_writes(root: str) -> None:
+    """Delete the temporary files of writes that a crash cut short, so that a
+    reopened workspace holds only files written whole (the write is run
+    again when its step replays). Symlinked directories are not followed.
+    Best effort: a directory it may not read or change keeps what it holds."""
+    for parent, _dirs, names in os.walk(root):
+        for name in names:
+            if _INTERRUPTED.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(parent, name))
+                except OSError:
+                    pass
 
 
 class LocalFiles:
@@ -69,7 +92,7 @@ class LocalFiles:
                 mode = stat.S_IMODE(os.stat(real).st_mode)
             except FileNotFoundError:
                 mode = 0o644
-            tmp = os.path.join(parent, f".{os.path.basename(real)}.{uuid.uuid4().hex}.rebuno-tmp")
+            tmp = _temp_path(parent, os.path.basename(real))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 with os.fdopen(fd, "wb") as f:
