@@ -27,7 +27,7 @@ import { parseArgs } from "node:util";
 import { Agent, Client, defineTool, execution } from "../src/index.js";
 import { canonicalJson } from "../src/identity.js";
 import { Outcome } from "../src/kernel.js";
-import { Kernel } from "../test/support/kernel.js";
+import { freePort, Kernel } from "../test/support/kernel.js";
 
 const { values: opts } = parseArgs({
   options: {
@@ -51,13 +51,6 @@ const pct = (values: number[], p: number): number => {
   return sorted[Math.min(sorted.length - 1, Math.round((p / 100) * (sorted.length - 1)))]!;
 };
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /** Start an agent process and wait until it listens. */
 async function startAgent(command: string[], env: Record<string, string>): Promise<ChildProcess> {

@@ -26,6 +26,7 @@ import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { parseArgs } from "node:util";
+import { freePort } from "../test/support/kernel.js";
 
 const { values: opts } = parseArgs({
   options: {
@@ -63,13 +64,6 @@ function selfCpuMs(): number {
   return (u.user + u.system) / 1000;
 }
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 async function listening(port: number): Promise<boolean> {
   return new Promise((resolve) => {

@@ -8,12 +8,11 @@
  */
 
 import fs from "node:fs";
-import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SECRET } from "../support/agents.js";
-import { AgentProcess, eventually, Kernel, listening, markers } from "../support/kernel.js";
+import { AgentProcess, eventually, freePort, Kernel, listening, markers } from "../support/kernel.js";
 
 const SCRIPT = fileURLToPath(new URL("./agents/crash-agent.ts", import.meta.url));
 const PENDING = fileURLToPath(new URL("./agents/pending-agent.ts", import.meta.url));
@@ -26,13 +25,6 @@ afterAll(async () => {
   await kernel.destroy();
 });
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 describe("a crash mid-step", () => {
   it("replays the succeeded steps after kill -9 and re-runs the interrupted one", async () => {

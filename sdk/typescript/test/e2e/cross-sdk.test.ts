@@ -6,12 +6,11 @@
  */
 
 import fs from "node:fs";
-import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SECRET } from "../support/agents.js";
-import { AgentProcess, Kernel, REPO } from "../support/kernel.js";
+import { AgentProcess, freePort, Kernel, REPO } from "../support/kernel.js";
 
 const PYTHON = process.env.REBUNO_PYTHON ?? path.join(REPO, "sdk/python/.venv/bin/python");
 const here = (name: string): string => fileURLToPath(new URL(name, import.meta.url));
@@ -29,13 +28,6 @@ afterAll(async () => {
   await kernel.destroy();
 });
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /** Start one SDK's writer agent as `agentId` and point the kernel's webhook at it. */
 async function start(sdk: "python" | "typescript", agentId: string): Promise<AgentProcess> {

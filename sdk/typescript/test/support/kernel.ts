@@ -194,3 +194,12 @@ export function listening(port: number): Promise<boolean> {
     socket.once("error", () => resolve(false));
   });
 }
+
+/** A TCP port free on 127.0.0.1 when asked (the OS picks it). */
+export async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
