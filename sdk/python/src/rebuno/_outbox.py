@@ -129,14 +129,21 @@ class Outbox:
             self._timer = loop.call_later(FLUSH_DELAY, self._send_pending)
             return
         outcome, self._pending = self._pending, None
-        task = loop.create_task(self._deliver(outcome))
-        self._alone = task
+        self._alone = loop.create_task(self._deliver_alone(outcome))
 
-        def done(t: asyncio.Task[None]) -> None:
-            if self._alone is t:
+    async def _deliver_alone(self, outcome: Outcome) -> None:
+        """`_deliver` as the task `_alone`, which it clears before it ends.
+
+        Cleared inside the task, not by a done callback: a done callback runs
+        an event-loop turn later, and awaiting a finished task does not
+        yield, so `flush` would find the same finished task again and again
+        without the loop ever turning (an endless loop that schedules a timer
+        per turn: a 24 GB test process under load)."""
+        try:
+            await self._deliver(outcome)
+        finally:
+            if self._alone is asyncio.current_task():
                 self._alone = None
-
-        task.add_done_callback(done)
 
     async def _deliver(self, outcome: Outcome) -> None:
         """Send `outcome` through its own route (docs/protocol/steps.md §10). Any answer but
