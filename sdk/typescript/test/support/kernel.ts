@@ -152,6 +152,11 @@ export class AgentProcess {
     this.ready.catch(() => undefined);
   }
 
+  /** The child's process id. */
+  get pid(): number {
+    return this.proc.pid!;
+  }
+
   /** The webhook URL once the agent accepts connections (it may print its port before). */
   async webhook(timeout = 60_000): Promise<string> {
     const port = await Promise.race([this.ready, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`agent did not start:\n${this.output.join("")}`)), timeout))]);
