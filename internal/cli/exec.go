@@ -385,48 +385,18 @@ func (a *App) execLs() *cobra.Command {
 			}
 			ctx := ctxOf(cmd)
 			t := &table{header: []string{"ID", "AGENT", "STATUS", "CREATED", "UPDATED"}}
-			count := 0
-			for {
-				q := url.Values{}
-				if agent != "" {
-					q.Set("agent_id", agent)
-				}
-				if status != "" {
-					q.Set("status", status)
-				}
-				if cursor != "" {
-					q.Set("cursor", cursor)
-				}
-				if limit > 0 {
-					q.Set("limit", strconv.Itoa(limit))
-				}
-				path := "/v0/executions"
-				if len(q) > 0 {
-					path += "?" + q.Encode()
-				}
-				var page Page
-				raw, err := cl.GetJSON(ctx, path, &page)
-				if err != nil {
-					return err
-				}
-				if a.json && !all {
-					writeJSONLine(a.Out(), raw)
-					return nil
-				}
-				for _, r := range page.Executions {
-					count++
-					if a.json {
-						writeJSONLine(a.Out(), r)
-						continue
-					}
-					var e Execution
-					json.Unmarshal(r, &e)
-					t.add(a.styles.paint(a.styles.id, ShortID(e.ID)), e.AgentID, a.styles.status(e.Status), a.when(e.CreatedAt), a.when(e.UpdatedAt))
-				}
-				cursor = page.NextCursor
-				if !all || cursor == "" {
-					break
-				}
+			filters := url.Values{}
+			if agent != "" {
+				filters.Set("agent_id", agent)
+			}
+			if status != "" {
+				filters.Set("status", status)
+			}
+			count, next, err := a.executionPages(ctx, cl, "/v0/executions", filters, cursor, limit, all, func(e Execution) {
+				t.add(a.styles.paint(a.styles.id, ShortID(e.ID)), e.AgentID, a.styles.status(e.Status), a.when(e.CreatedAt), a.when(e.UpdatedAt))
+			})
+			if err != nil {
+				return err
 			}
 			if a.json {
 				return nil
@@ -438,8 +408,8 @@ func (a *App) execLs() *cobra.Command {
 				return nil
 			}
 			t.print(a.Out(), a.tty, a.styles)
-			if cursor != "" {
-				a.errf("more: %s (or --all)\n", a.cmdline("exec ls --cursor "+cursor+filterFlags(agent, status, limit)))
+			if next != "" {
+				a.errf("more: %s (or --all)\n", a.cmdline("exec ls --cursor "+next+filterFlags(agent, status, limit)))
 			}
 			return nil
 		},

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -273,52 +272,21 @@ func (a *App) execForks() *cobra.Command {
 			}
 			st := a.styles
 			t := &table{header: []string{"ID", "STATUS", "FORK AT", "RESTORATION", "RESTORES", "CREATED"}}
-			count := 0
-			for {
-				q := url.Values{}
-				if cursor != "" {
-					q.Set("cursor", cursor)
+			count, next, err := a.executionPages(ctx, cl, "/v0/executions/"+id+"/forks", nil, cursor, limit, all, func(e Execution) {
+				rs := parseRestoration(e.Restoration)
+				var restores []string
+				for _, x := range rs {
+					restores = append(restores, restoreCompact(x.Key, x.Ref, x.Seq))
 				}
-				if limit > 0 {
-					q.Set("limit", strconv.Itoa(limit))
+				t.add(st.paint(st.id, ShortID(e.ID)), st.status(e.Status), strconv.FormatInt(derefInt(e.ForkSeq), 10),
+					st.restorationWord(rs), orDash(strings.Join(restores, " ")), a.when(e.CreatedAt))
+			})
+			if err != nil {
+				var ae *APIError
+				if asAPI(err, &ae) && ae.Status == 404 && ae.Code == "not_found" {
+					ae.Hint = "no execution " + id + " on this kernel (it may have been removed by retention)"
 				}
-				path := "/v0/executions/" + id + "/forks"
-				if len(q) > 0 {
-					path += "?" + q.Encode()
-				}
-				var page Page
-				raw, err := cl.GetJSON(ctx, path, &page)
-				if err != nil {
-					var ae *APIError
-					if asAPI(err, &ae) && ae.Status == 404 && ae.Code == "not_found" {
-						ae.Hint = "no execution " + id + " on this kernel (it may have been removed by retention)"
-					}
-					return err
-				}
-				if a.json && !all {
-					writeJSONLine(a.Out(), raw)
-					return nil
-				}
-				for _, r := range page.Executions {
-					count++
-					if a.json {
-						writeJSONLine(a.Out(), r)
-						continue
-					}
-					var e Execution
-					json.Unmarshal(r, &e)
-					rs := parseRestoration(e.Restoration)
-					var restores []string
-					for _, x := range rs {
-						restores = append(restores, restoreCompact(x.Key, x.Ref, x.Seq))
-					}
-					t.add(st.paint(st.id, ShortID(e.ID)), st.status(e.Status), strconv.FormatInt(derefInt(e.ForkSeq), 10),
-						st.restorationWord(rs), orDash(strings.Join(restores, " ")), a.when(e.CreatedAt))
-				}
-				cursor = page.NextCursor
-				if !all || cursor == "" {
-					break
-				}
+				return err
 			}
 			if a.json {
 				return nil
@@ -330,8 +298,8 @@ func (a *App) execForks() *cobra.Command {
 				return nil
 			}
 			t.print(a.Out(), a.tty, a.styles)
-			if cursor != "" {
-				more := "exec forks " + ShortID(id) + " --cursor " + cursor
+			if next != "" {
+				more := "exec forks " + ShortID(id) + " --cursor " + next
 				if limit > 0 {
 					more += " --limit " + strconv.Itoa(limit)
 				}

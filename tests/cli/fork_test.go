@@ -413,7 +413,7 @@ func TestForkAndCoverageJSON(t *testing.T) {
 	}
 	// One page of one: the rest is offered on stderr.
 	one := cli(t, k, 0, "exec", "forks", src, "--limit", "1")
-	if strings.Count(one.Stdout, "\n") != 1 || !strings.Contains(one.Stderr, "more: rebuno exec forks "+src[28:]+" --cursor ") {
+	if strings.Count(one.Stdout, "\n") != 1 || !strings.Contains(one.Stderr, "more: rebuno exec forks "+src[28:]+" --cursor "+second["id"].(string)+" --limit 1") {
 		t.Fatalf("forks --limit 1: %s", one)
 	}
 	// The fork's events stream as JSON too, from its own seq 1.

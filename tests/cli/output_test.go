@@ -180,6 +180,11 @@ func TestJSONOutput(t *testing.T) {
 	if len(rows) != 2 || !strings.Contains(rows[0], second) || !strings.Contains(rows[1], id) {
 		t.Fatalf("ls --all --json:\n%s", all.Stdout)
 	}
+	// One page of one: the next page is offered on stderr, from the cursor after it.
+	first := cli(t, k, 0, "exec", "ls", "--limit", "1")
+	if strings.Count(first.Stdout, "\n") != 1 || !strings.Contains(first.Stderr, "more: rebuno exec ls --cursor "+second+" --limit 1") {
+		t.Fatalf("ls --limit 1: %s", first)
+	}
 
 	ag := cli(t, k, 0, "agent", "ls", "--json")
 	wantAgents := k.Must(200, k.Do("GET", "/v0/agents", nil, nil)).Body
