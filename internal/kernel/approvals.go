@@ -32,13 +32,13 @@ func (o *op) recordAwaitingApproval(s *store.Step, res PolicyResult) (*Decision,
 		Status: wire.ApprovalPending, Approvers: approvers, Message: cfg.Message, TimeoutAt: o.now.Add(timeout), CreatedAt: o.now,
 	}
 	s.Status = wire.StepAwaitingApproval
+	o.propose(s) // before the insert, which keeps the seq of the step's first event
 	if err := o.tx.InsertStep(o.ctx, s); err != nil {
 		return nil, fmt.Errorf("insert step: %w", err)
 	}
 	if err := o.tx.InsertApproval(o.ctx, a); err != nil {
 		return nil, fmt.Errorf("insert approval: %w", err)
 	}
-	o.emit(wire.EventStepProposed, stepPayload(s))
 	o.emit(wire.EventStepAwaitingApproval, stepPayload(s).String("rule_id", res.RuleID))
 	o.emit(wire.EventApprovalRequested, approvalPayload(a))
 	o.e.Status = wire.ExecBlocked

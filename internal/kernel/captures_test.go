@@ -567,6 +567,7 @@ func TestCoverageProperty(t *testing.T) {
 			}
 			m.check(true)
 			ruCheck(t, r.fx, r.id)
+			marksCheck(t, r.fx, r.id)
 			last := r.fx.lastSeq(r.id)
 			for _, s := range []int64{1 + m.rng.Int64N(last), 1 + m.rng.Int64N(last), last} {
 				fkCheck(t, r.fx, r.id, s)

@@ -45,7 +45,11 @@ func isRefusal(err error) bool {
 func (o *op) admitCarrying(co *CarriedOutcome, h DispatchHeaders) (d *store.Dispatch, superseded bool, stop *Decision, err error) {
 	var s *store.Step
 	if co != nil {
-		if s, err = o.tx.Step(o.ctx, o.e.ID, co.StepID); err != nil {
+		var v *forkView
+		if v, err = o.view(); err != nil {
+			return nil, false, nil, err
+		}
+		if s, err = o.k.readStep(o.ctx, o.tx, v, o.e.ID, co.StepID); err != nil {
 			return nil, false, nil, notFoundOr(err, "step")
 		}
 	}

@@ -87,6 +87,7 @@ func (k *Kernel) CreateExecution(ctx context.Context, r CreateRequest) (*store.E
 			ID: newID(), AgentID: r.AgentID, AgentVersion: r.AgentVersion, Input: input, Status: wire.ExecPending,
 			CreatedAt: o.now, UpdatedAt: o.now, ParentID: r.ParentExecutionID, IdempotencyKey: r.IdempotencyKey,
 			OnBehalfOf: r.OnBehalfOf, ResourceKeys: []string{}, Writing: []string{}, ByteCount: int64(len(input)),
+			Mark: &store.Mark{},
 		}
 		if k.cfg.DeadlineTimeout > 0 {
 			e.DeadlineAt = o.now.Add(k.cfg.DeadlineTimeout)
@@ -225,10 +226,16 @@ func (k *Kernel) ListEvents(ctx context.Context, c Caller, id string, afterSeq i
 	case limit > wire.MaxEventsLimit:
 		limit = wire.MaxEventsLimit
 	}
-	if _, err := k.GetExecution(ctx, c, id); err != nil {
+	e, err := k.GetExecution(ctx, c, id)
+	if err != nil {
 		return nil, err
 	}
-	evs, err := k.store.Read().Events(ctx, id, afterSeq, limit)
+	rd := k.store.Read()
+	v, err := k.viewOf(ctx, rd, e)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := k.readEvents(ctx, rd, v, id, afterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read events: %w", err)
 	}
@@ -259,12 +266,17 @@ func (k *Kernel) EachStepPage(ctx context.Context, c Caller, id, filter string, 
 	if err != nil {
 		return err
 	}
-	if _, err := k.GetExecution(ctx, c, id); err != nil {
+	e, err := k.GetExecution(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	v, err := k.viewOf(ctx, k.store.Read(), e)
+	if err != nil {
 		return err
 	}
 	var after int64
 	for {
-		page, err := k.store.Read().Steps(ctx, id, statuses, after, wire.StepsPageSize)
+		page, err := k.readSteps(ctx, k.store.Read(), v, id, statuses, after, wire.StepsPageSize)
 		if err != nil {
 			return fmt.Errorf("read steps: %w", err)
 		}
@@ -283,10 +295,16 @@ func (k *Kernel) EachStepPage(ctx context.Context, c Caller, id, filter string, 
 
 // GetStep reads one step of an execution.
 func (k *Kernel) GetStep(ctx context.Context, c Caller, id, stepID string) (*store.Step, error) {
-	if _, err := k.GetExecution(ctx, c, id); err != nil {
+	e, err := k.GetExecution(ctx, c, id)
+	if err != nil {
 		return nil, err
 	}
-	s, err := k.store.Read().Step(ctx, id, stepID)
+	rd := k.store.Read()
+	v, err := k.viewOf(ctx, rd, e)
+	if err != nil {
+		return nil, err
+	}
+	s, err := k.readStep(ctx, rd, v, id, stepID)
 	if err != nil {
 		return nil, notFoundOr(err, "step")
 	}

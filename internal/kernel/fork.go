@@ -44,7 +44,8 @@ type forkPlan struct {
 	generations map[string]int64    // generation of each key at the fork point
 	covered     map[string]bool     // coverage of each key at the fork point
 	restoreAt   map[string]*store.Checkpoint
-	idemKey     string // the request's Idempotency-Key, shown on the fork (docs/protocol/executions.md §2)
+	idemKey     string       // the request's Idempotency-Key, shown on the fork (docs/protocol/executions.md §2)
+	inPlace     *inPlacePlan // set when the fork reads its source in place; steps, ids and kept are then empty
 }
 
 // Fork creates a new execution from an execution's history up to an event
@@ -122,9 +123,19 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 	p := &forkPlan{id: newID(), source: source, at: at, generations: map[string]int64{}, covered: map[string]bool{},
 		restoreAt: map[string]*store.Checkpoint{}, ids: map[string]string{}}
 
+	ip, err := k.planInPlace(ctx, rd, source, at)
+	if err != nil {
+		return nil, err
+	}
+	// A source that is itself an in-place fork is read through its view.
+	sv, err := k.viewOf(ctx, rd, source)
+	if err != nil {
+		return nil, err
+	}
+	p.inPlace = ip
 	copied := map[string]bool{}
-	for after := int64(0); ; {
-		page, err := rd.FinishedStepHeads(ctx, source.ID, at, after, wire.StepsPageSize)
+	for after := int64(0); ip == nil; {
+		page, err := k.finishedStepHeads(ctx, rd, sv, source.ID, at, after, wire.StepsPageSize)
 		if err != nil {
 			return nil, fmt.Errorf("read steps: %w", err)
 		}
@@ -155,9 +166,15 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 	}
 
 	// One pass over the log up to the point: the kept events, and the
-	// generation of each key there.
-	for after := int64(0); after < at; {
-		evs, err := rd.Events(ctx, source.ID, after, wire.MaxEventsLimit)
+	// generation of each key there. An in-place fork has the generations
+	// from the mark after the point, and keeps no event of its own.
+	if ip != nil {
+		for key := range copiedKey {
+			p.generations[key] = generationOf(ip.mark.Generations, key)
+		}
+	}
+	for after := int64(0); ip == nil && after < at; {
+		evs, err := k.readEvents(ctx, rd, sv, source.ID, after, wire.MaxEventsLimit)
 		if err != nil {
 			return nil, fmt.Errorf("read events: %w", err)
 		}
@@ -200,6 +217,24 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 	for _, row := range rows {
 		if copiedKey[row.Key] && row.CoveredSeq <= at {
 			p.checkpoints = append(p.checkpoints, row)
+		}
+	}
+	if ip != nil {
+		// The seqs the copies carry, mapped now: writing reads nothing.
+		for _, r := range p.resources {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq); err != nil {
+				return nil, err
+			}
+		}
+		for _, c := range p.checkpoints {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq); err != nil {
+				return nil, err
+			}
+			if c.InvalidatedSeq != 0 && c.InvalidatedSeq <= at {
+				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	return p, nil
@@ -264,6 +299,13 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		ID: p.id, AgentID: src.AgentID, AgentVersion: src.AgentVersion, Input: src.Input, Status: wire.ExecPending,
 		CreatedAt: o.now, UpdatedAt: o.now, ParentID: src.ParentID, OnBehalfOf: src.OnBehalfOf,
 		ForkedFrom: src.ID, ForkSeq: p.at, ResourceKeys: []string{}, Writing: []string{}, IdempotencyKey: p.idemKey,
+		Mark: &store.Mark{},
+	}
+	if ip := p.inPlace; ip != nil {
+		// Unmarked: its own events after the source's would not count what
+		// a fork of it needs, so its forks copy (reading it through forkView).
+		e.Mark = nil
+		e.ForkInPlace, e.ForkKept, e.ForkSteps, e.ForkExcluded = true, ip.kept, ip.steps, ip.excluded.encode()
 	}
 	if o.k.cfg.DeadlineTimeout > 0 {
 		e.DeadlineAt = o.now.Add(o.k.cfg.DeadlineTimeout)
@@ -296,6 +338,9 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 	o.emit(wire.EventExecutionForked, (&jsonx.Object{}).String("source_execution_id", src.ID).Int("fork_seq", p.at).
 		Raw("restoration", e.Restoration))
 
+	if p.inPlace != nil {
+		return o.writeForkRest(p, e, func(x int64) int64 { return p.inPlace.mapped[x] })
+	}
 	// The kept events become the fork's, renumbered (their payloads carry
 	// the copies' step ids already); copies keep their source's occurred_at
 	// and are not counted against the fork's limits. The plan itself is not
@@ -307,7 +352,7 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		sourceSeqs[i] = ev.Seq
 		e.LastSeq++
 		copies[i] = store.Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: ev.Type, Payload: ev.Payload, OccurredAt: ev.OccurredAt}
-		o.events = append(o.events, &copies[i])
+		o.append(&copies[i])
 	}
 	mapSeq := func(x int64) int64 {
 		i := sort.Search(len(sourceSeqs), func(i int) bool { return sourceSeqs[i] > x })
@@ -325,13 +370,27 @@ func (o *op) writeFork(p *forkPlan) (*store.Execution, error) {
 		e.StepOrder++
 		c.Order = e.StepOrder
 		c.TerminalSeq = mapSeq(s.TerminalSeq)
+		if s.SubmittedSeq > 0 {
+			c.SubmittedSeq = mapSeq(s.SubmittedSeq) // its first event is kept, so this is that event's seq
+		}
 		c.DispatchID, c.Attempt, c.StartInfo = "", 0, nil
 		copiesOfSteps = append(copiesOfSteps, &c)
 	}
 	if err := o.tx.InsertSteps(o.ctx, copiesOfSteps); err != nil {
 		return nil, fmt.Errorf("copy steps: %w", err)
 	}
+	return o.writeForkRest(p, e, mapSeq)
+}
 
+// writeForkRest writes what every fork copies after its kept history: the
+// resources and checkpoints with their seqs mapped, then starts it. For an
+// in-place fork the kept history is the source's positions 3…K+2, which it
+// skips.
+func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) int64) (*store.Execution, error) {
+	if ip := p.inPlace; ip != nil {
+		e.LastSeq += ip.kept
+		e.StepOrder = ip.steps
+	}
 	for i, r := range p.resources {
 		gen := p.generations[r.Key]
 		if !p.covered[r.Key] {

@@ -72,6 +72,7 @@ type Kernel struct {
 	bundles expiring[string] // agent id → policy bundle text
 	secrets expiring[string] // agent id → secret
 	keys    keyCache
+	views   views // which executions are in-place forks (forkview.go)
 }
 
 // Options wires a kernel's collaborators.
@@ -214,7 +215,35 @@ func (o *op) emit(typ string, payload *jsonx.Object) {
 	b := payload.Bytes()
 	o.e.LastSeq++
 	o.e.ByteCount += int64(len(b))
-	o.events = append(o.events, &store.Event{ExecutionID: o.e.ID, Seq: o.e.LastSeq, Type: typ, Payload: b, OccurredAt: o.now})
+	o.append(&store.Event{ExecutionID: o.e.ID, Seq: o.e.LastSeq, Type: typ, Payload: b, OccurredAt: o.now})
+}
+
+// append queues an event whose seq is taken, giving it the log's mark
+// before it and advancing the execution's mark past it. A payload the mark
+// cannot read (only a kernel bug writes one) leaves the execution unmarked
+// from then on, so that its forks copy rather than read a wrong mark.
+func (o *op) append(ev *store.Event) {
+	if m := o.e.Mark; m != nil {
+		ev.Mark = m
+		next, err := advanceMark(m, ev.Type, ev.Payload)
+		if err != nil {
+			o.k.log.Error("event unreadable for its mark; forks of this execution will copy",
+				"execution_id", o.e.ID, "event_seq", ev.Seq, "error", err)
+		}
+		o.e.Mark = next
+	}
+	o.events = append(o.events, ev)
+}
+
+// view is the loaded execution's forkView, nil unless it is an in-place fork.
+func (o *op) view() (*forkView, error) {
+	return o.k.viewOf(o.ctx, o.tx, o.e)
+}
+
+// propose appends a new step's step.proposed: its first event.
+func (o *op) propose(s *store.Step) {
+	s.SubmittedSeq = o.e.LastSeq + 1
+	o.emit(wire.EventStepProposed, stepPayload(s))
 }
 
 // finish writes the events and the execution row.

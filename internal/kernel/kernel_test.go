@@ -231,11 +231,23 @@ func (fx *fixture) exec(id string) *store.Execution {
 
 func (fx *fixture) step(execID, stepID string) *store.Step {
 	fx.t.Helper()
-	s, err := fx.k.store.Read().Step(fx.ctx, execID, stepID)
+	rd := fx.k.store.Read()
+	s, err := fx.k.readStep(fx.ctx, rd, fx.view(execID), execID, stepID)
 	if err != nil {
 		fx.t.Fatalf("read step %s: %v", stepID, err)
 	}
 	return s
+}
+
+// view is the forkView of an execution: the fixture reads every
+// execution as the kernel's routes do, an in-place fork included.
+func (fx *fixture) view(id string) *forkView {
+	fx.t.Helper()
+	v, err := fx.k.viewByID(fx.ctx, fx.k.store.Read(), id)
+	if err != nil {
+		fx.t.Fatalf("read execution %s: %v", id, err)
+	}
+	return v
 }
 
 func (fx *fixture) dispatch(id string) *store.Dispatch {
@@ -258,7 +270,7 @@ func (fx *fixture) counter(del *Delivery, kind, target, args string) (int64, boo
 
 func (fx *fixture) events(id string) []*store.Event {
 	fx.t.Helper()
-	evs, err := fx.k.store.Read().Events(fx.ctx, id, 0, 100000)
+	evs, err := fx.k.readEvents(fx.ctx, fx.k.store.Read(), fx.view(id), id, 0, 100000)
 	if err != nil {
 		fx.t.Fatalf("read events: %v", err)
 	}
@@ -268,7 +280,7 @@ func (fx *fixture) events(id string) []*store.Event {
 // eventsAfter returns the events appended after seq.
 func (fx *fixture) eventsAfter(id string, seq int64) []*store.Event {
 	fx.t.Helper()
-	evs, err := fx.k.store.Read().Events(fx.ctx, id, seq, 100000)
+	evs, err := fx.k.readEvents(fx.ctx, fx.k.store.Read(), fx.view(id), id, seq, 100000)
 	if err != nil {
 		fx.t.Fatalf("read events: %v", err)
 	}

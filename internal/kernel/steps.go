@@ -222,7 +222,11 @@ func (o *op) planSubmit(d *store.Dispatch, superseded bool, r *SubmitRequest, ar
 		p.occ = p.consumed + 1
 	}
 	if r.HasOccurrence {
-		highest, found, err := o.tx.MaxOccurrence(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
+		v, err := o.view()
+		if err != nil {
+			return nil, err
+		}
+		highest, found, err := o.k.maxOccurrence(o.ctx, o.tx, v, o.e.ID, r.Kind, r.Target, argsHash)
 		if err != nil {
 			return nil, fmt.Errorf("read occurrences: %w", err)
 		}
@@ -245,7 +249,11 @@ func (o *op) planSubmit(d *store.Dispatch, superseded bool, r *SubmitRequest, ar
 func (o *op) decideSubmit(p *submitPlan, d *store.Dispatch, h DispatchHeaders, r *SubmitRequest, args []byte) (*Decision, error) {
 	existing, err := (*store.Step)(nil), error(store.ErrNotFound)
 	if p.mayExist {
-		existing, err = o.tx.Step(o.ctx, o.e.ID, p.stepID)
+		var v *forkView
+		if v, err = o.view(); err != nil {
+			return nil, err
+		}
+		existing, err = o.k.stepForSubmit(o.ctx, o.tx, v, o.e.ID, p.stepID, r.Kind, r.Target, p.argsHash, p.occ)
 	}
 	m := o.k.metrics
 	var dec *Decision
@@ -404,7 +412,11 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 	s.Order = o.e.StepOrder
 
 	if r.Idempotency == wire.AtMostOnce {
-		refused, err := o.tx.HasIndeterminate(o.ctx, o.e.ID, r.Kind, r.Target, argsHash)
+		v, err := o.view()
+		if err != nil {
+			return nil, err
+		}
+		refused, err := o.k.hasIndeterminate(o.ctx, o.tx, v, o.e.ID, r.Kind, r.Target, argsHash)
 		if err != nil {
 			return nil, fmt.Errorf("look up indeterminate predecessor: %w", err)
 		}
@@ -445,7 +457,7 @@ func (o *op) recordNewStep(stepID string, occ int64, argsHash string, args []byt
 		s.Status = wire.StepExecuting
 		o.startWriting(s)
 		s.StartedAt = o.now
-		o.emit(wire.EventStepProposed, stepPayload(s))
+		o.propose(s)
 		allowed := stepPayload(s)
 		if res.RuleID != "" {
 			allowed.String("rule_id", res.RuleID)
@@ -522,7 +534,7 @@ func (o *op) recordDenied(s *store.Step, reason, ruleID string) (*Decision, erro
 	s.ErrorReason = reason
 	s.CompletedAt = o.now
 	o.e.ByteCount += int64(len(errJSON))
-	o.emit(wire.EventStepProposed, stepPayload(s))
+	o.propose(s)
 	p := stepPayload(s).Raw("error", errJSON)
 	if ruleID != "" {
 		p.String("rule_id", ruleID)
@@ -555,7 +567,11 @@ func (k *Kernel) RecordOutcome(ctx context.Context, c Caller, id, stepID string,
 		if err := o.load(id, c); err != nil {
 			return err
 		}
-		s, err := o.tx.Step(o.ctx, id, stepID)
+		v, err := o.view()
+		if err != nil {
+			return err
+		}
+		s, err := o.k.readStep(o.ctx, o.tx, v, id, stepID)
 		if err != nil {
 			return notFoundOr(err, "step")
 		}
@@ -666,7 +682,11 @@ func (k *Kernel) StreamDelta(ctx context.Context, c Caller, id, stepID string, h
 	if c.Agent != "" && e.AgentID != c.Agent {
 		return errForbidden()
 	}
-	if _, err := r.Step(ctx, id, stepID); err != nil {
+	v, err := k.viewOf(ctx, r, e)
+	if err != nil {
+		return err
+	}
+	if _, err := k.readStep(ctx, r, v, id, stepID); err != nil {
 		return notFoundOr(err, "step")
 	}
 	if _, err := validateDispatch(ctx, r, e, h, k.cfg.RequireDispatchHeaders); err != nil {

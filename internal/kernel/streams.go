@@ -31,7 +31,12 @@ func (k *Kernel) Subscriptions() (tails, waits, deltas int) { return k.hub.Count
 // StreamEvents reads events after afterSeq for a stream whose caller was
 // authorised when it opened (GetExecution): each page is its own short read.
 func (k *Kernel) StreamEvents(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*store.Event, error) {
-	return k.store.Read().Events(ctx, executionID, afterSeq, limit)
+	rd := k.store.Read()
+	v, err := k.viewByID(ctx, rd, executionID)
+	if err != nil {
+		return nil, err
+	}
+	return k.readEvents(ctx, rd, v, executionID, afterSeq, limit)
 }
 
 // StreamHead reads the execution a stream follows (status and last seq), for

@@ -131,22 +131,29 @@ func (k *Kernel) Sweep(ctx context.Context) {
 		}
 		deleted := 0
 		for _, id := range ids {
-			if err := k.retire(ctx, id, cutoff); err != nil {
+			gone, err := k.retire(ctx, id, cutoff)
+			if err != nil {
 				k.workerError("retention", err)
 				continue
 			}
-			deleted++
+			if gone {
+				deleted++
+			}
 		}
-		if len(ids) < 1000 || deleted == 0 {
+		// Until a pass deletes nothing: deleting an in-place fork may free
+		// its source, so a chain of them retires in one run.
+		if deleted == 0 {
 			return
 		}
 	}
 }
 
 // retire deletes one execution, re-checking under its lock that it is still
-// terminal and still old enough.
-func (k *Kernel) retire(ctx context.Context, id string, cutoff time.Time) error {
-	return k.store.Update(ctx, id, func(ctx context.Context, tx store.Tx) error {
+// terminal and still old enough, and reports whether it did.
+func (k *Kernel) retire(ctx context.Context, id string, cutoff time.Time) (bool, error) {
+	gone := false
+	err := k.store.Update(ctx, id, func(ctx context.Context, tx store.Tx) error {
+		gone = false
 		e, err := tx.ExecutionHead(ctx, id)
 		if err != nil {
 			return nil
@@ -154,8 +161,15 @@ func (k *Kernel) retire(ctx context.Context, id string, cutoff time.Time) error 
 		if !wire.ExecTerminal(e.Status) || !e.UpdatedAt.Before(cutoff) {
 			return nil
 		}
+		// A fork that reads this history in place keeps it; forks take the
+		// source's lock, so none can start reading it after this check.
+		if kept, err := tx.HasForksInPlace(ctx, id); err != nil || kept {
+			return err
+		}
+		gone = true
 		return tx.DeleteExecution(ctx, id)
 	})
+	return gone && err == nil, err
 }
 
 func (k *Kernel) workerError(worker string, err error) {

@@ -144,15 +144,15 @@ func TestRetentionSweep(t *testing.T) {
 	// retire re-checks under the lock: a candidate that is no longer old
 	// enough, or not terminal, is kept.
 	e2, _ := fx.start("a1")
-	if err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
+	if gone, err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now().Add(time.Hour)); err != nil || gone {
+		t.Fatalf("retire of a running execution: %v, %v", gone, err)
 	}
 	fx.exec(e2.ID)
 	if err := fx.k.CancelExecution(fx.ctx, e2.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now()); err != nil {
-		t.Fatal(err)
+	if gone, err := fx.k.retire(fx.ctx, e2.ID, fx.clk.Now()); err != nil || gone {
+		t.Fatalf("retire of a recent execution: %v, %v", gone, err)
 	}
 	fx.exec(e2.ID)
 }

@@ -95,6 +95,23 @@ type Reader interface {
 	// reason is "indeterminate" (docs/protocol/steps.md §8).
 	HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error)
 
+	// What a fork that reads its source in place needs (docs/architecture.md,
+	// "Forks"). EventRun is the run of the execution's log that holds seq,
+	// with the mark stored with it; ErrNotFound when no run holds seq (past
+	// the log, or in the legacy events table).
+	EventRun(ctx context.Context, executionID string, seq int64) (*EventRun, error)
+	// StepByOrder is the step recorded at order, with its SubmittedSeq.
+	StepByOrder(ctx context.Context, executionID string, order int64) (*Step, error)
+	// StepsByID returns the steps among ids that exist, without their args,
+	// result, error and start details, in no particular order.
+	StepsByID(ctx context.Context, executionID string, ids []string) ([]*Step, error)
+	// StepsByIdentity returns every occurrence of an identity, in occurrence
+	// order.
+	StepsByIdentity(ctx context.Context, executionID, kind, target, argsHash string) ([]*Step, error)
+	// HasForksInPlace reports whether a fork reads the execution's history
+	// in place, which retention must then keep.
+	HasForksInPlace(ctx context.Context, executionID string) (bool, error)
+
 	Dispatch(ctx context.Context, id string) (*Dispatch, error)
 	// Counter is how many times a step identity has been consumed by one
 	// dispatch of an execution (docs/protocol/identity.md §6).
@@ -254,6 +271,15 @@ type Execution struct {
 	ForkSeq        int64
 	Restoration    []byte // verbatim JSON object on forks, nil otherwise
 	ResourceKeys   []string
+	// A fork that reads its source in place: its log's positions 3 to
+	// ForkKept+2 and its steps' orders 1 to ForkSteps are the source's, read
+	// through the kernel's resolver; ForkExcluded (kept beside the input,
+	// read with it) lists what of the source up to ForkSeq it leaves out,
+	// in the kernel's encoding.
+	ForkInPlace  bool
+	ForkKept     int64
+	ForkSteps    int64
+	ForkExcluded []byte
 
 	// Bookkeeping kept on the row so that no operation scans history.
 	// Writing lists the tool and local steps that were started and may
@@ -266,6 +292,28 @@ type Execution struct {
 	StepOrder  int64  // last step recording order (copies included)
 	StepCount  int64  // steps recorded by the execution itself (docs/protocol/operations.md §2.4)
 	ByteCount  int64  // bytes stored by the execution itself (docs/protocol/operations.md §2.4)
+	// Mark is the log's mark after its last event; nil on an execution
+	// recorded before marks existed, whose runs carry none.
+	Mark *Mark
+}
+
+// Mark is what a fork needs to know of a log at a seq without a pass over
+// it: counts of the events before that seq. The kernel keeps the running
+// mark on the execution row and gives each appended event the mark before
+// it; the store keeps the mark of each run's first event.
+type Mark struct {
+	Kept        int64  // keepable events (docs/protocol/forks.md §3)
+	Closed      int64  // steps closed in a way a fork copies (docs/protocol/forks.md §2)
+	Generations []byte // JSON object: resource key → generation; nil before any resource
+}
+
+// EventRun is one run of an execution's log as stored: its events and the
+// mark before the first one (nil when it was written without one).
+type EventRun struct {
+	FirstSeq int64
+	LastSeq  int64
+	Mark     *Mark
+	Events   []*Event
 }
 
 // ExecutionFilter selects executions for ListExecutions: newest first, ids
@@ -285,6 +333,9 @@ type Event struct {
 	Type        string
 	Payload     []byte // JSON object
 	OccurredAt  time.Time
+	// Mark is the log's mark before this event, set by the kernel on the
+	// events it appends; a run stores its first event's.
+	Mark *Mark
 }
 
 // Step is the stored step row.
@@ -315,6 +366,9 @@ type Step struct {
 	// error a fork's copy shares; empty on steps that own their bodies.
 	BodyExecutionID string
 	BodyStepID      string
+	// SubmittedSeq is the seq of the step's first event; 0 on steps recorded
+	// before it was kept. Read only by StepByOrder.
+	SubmittedSeq int64
 }
 
 // Resource is external state an execution registered

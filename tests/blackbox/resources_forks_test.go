@@ -149,8 +149,10 @@ func TestForkCopies(t *testing.T) {
 	}
 }
 
-// TestForkRetention: the source's retention keeps the fork's shared bodies
-// readable, and a fork of that fork survives both (docs/protocol/forks.md §2, docs/protocol/executions.md §10).
+// TestForkRetention: retention keeps a source while a fork reads it in
+// place, and deletes it after that fork; a fork of that fork (a copy, since
+// its source reads in place) keeps the shared bodies readable and survives
+// both (docs/protocol/forks.md §2, docs/protocol/executions.md §10).
 func TestForkRetention(t *testing.T) {
 	k, a := rfStartKernel(t, `"lease_timeout_seconds":86400`, "--retention", "1h", "--cleanup-interval", "1m",
 		"--dispatch-max-attempts", "1000")
@@ -173,12 +175,16 @@ func TestForkRetention(t *testing.T) {
 	if got := bodies(p.id); !slices.Equal(got, want) {
 		t.Fatalf("source bodies %q", got)
 	}
+	// A witness as old as p, which nothing reads: its deletion shows that
+	// a retention pass has run.
+	witness := k.CreateExecution(a.ID, `null`)
+	k.Must(204, k.Do("POST", "/v0/executions/"+witness+"/cancel", nil, nil))
 	k.AdvanceClock(40 * time.Minute)
 	f := rfForkAt(t, k, p.id, p.lastSeq())
 	fr := rfAttach(t, k, a, f.id)
 	g := rfForkAt(t, k, f.id, 4+2*4)
 	fr.finish()
-	k.AdvanceClock(30 * time.Minute) // p is 70 minutes old, f 30
+	k.AdvanceClock(30 * time.Minute) // p and the witness are 70 minutes old, f 30
 	gone := func(id string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -189,13 +195,16 @@ func TestForkRetention(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	gone(p.id)
-	rfErr(t, "source step", k.Do("GET", "/v0/executions/"+p.id+"/steps/"+s1, nil, nil), 404, "not_found", "")
+	// f reads p's history in place, so retention keeps p while f lives.
+	gone(witness)
+	k.Must(200, k.Do("GET", "/v0/executions/"+p.id+"/steps/"+s1, nil, nil))
 	if got := bodies(f.id); !slices.Equal(got, want) {
-		t.Fatalf("fork bodies after the source's deletion %q", got)
+		t.Fatalf("fork bodies %q", got)
 	}
 	k.AdvanceClock(time.Hour)
 	gone(f.id)
+	gone(p.id)
+	rfErr(t, "source step", k.Do("GET", "/v0/executions/"+p.id+"/steps/"+s1, nil, nil), 404, "not_found", "")
 	if got := bodies(g.id); !slices.Equal(got, want) {
 		t.Fatalf("fork-of-fork bodies after both deletions %q", got)
 	}

@@ -298,4 +298,23 @@ CREATE TABLE settings (
   value TEXT NOT NULL
 ) WITHOUT ROWID;
 `,
+	// Forks that read their source in place (docs/architecture.md, "Forks"):
+	// the log's running mark on the execution row and the mark before each
+	// run's first event (NULL on rows written before marks), the seq of each
+	// step's first event (after the bodies: only a fork's planning reads
+	// it), and a fork's place in its source.
+	`
+ALTER TABLE executions ADD COLUMN mark_kept INTEGER;
+ALTER TABLE executions ADD COLUMN mark_closed INTEGER;
+ALTER TABLE executions ADD COLUMN mark_generations BLOB;
+ALTER TABLE executions ADD COLUMN fork_in_place INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE executions ADD COLUMN fork_kept INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE executions ADD COLUMN fork_steps INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE execution_values ADD COLUMN fork_excluded BLOB;
+ALTER TABLE event_runs ADD COLUMN mark_kept INTEGER;
+ALTER TABLE event_runs ADD COLUMN mark_closed INTEGER;
+ALTER TABLE event_runs ADD COLUMN mark_generations BLOB;
+ALTER TABLE steps ADD COLUMN submitted_seq INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX executions_read_in_place ON executions (forked_from) WHERE fork_in_place = 1;
+`,
 }

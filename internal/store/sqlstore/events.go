@@ -74,14 +74,15 @@ func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
 	for len(events) > 0 {
 		n := min(len(events), runMaxEvents)
 		run := events[:n]
-		args := []any{id, run[n-1].Seq, run[0].Seq, encodeRun(run)}
-		query := `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) VALUES (?,?,?,?)`
+		m := run[0].Mark
+		args := []any{id, run[n-1].Seq, run[0].Seq, encodeRun(run), markKept(m), markClosed(m), markGenerations(m)}
+		query := `INSERT INTO event_runs (execution_id, last_seq, first_seq, events, mark_kept, mark_closed, mark_generations) VALUES (?,?,?,?,?,?,?)`
 		if check {
 			// The highest seq stored, each read from its index's end: a
 			// planner that misjudges how many of a table's rows are this
 			// execution's (Postgres's generic plans, made while one
 			// execution fills the table) cannot turn it into a scan.
-			query = `INSERT INTO event_runs (execution_id, last_seq, first_seq, events) SELECT ?,?,?,?
+			query = `INSERT INTO event_runs (execution_id, last_seq, first_seq, events, mark_kept, mark_closed, mark_generations) SELECT ?,?,?,?,?,?,?
  WHERE COALESCE((SELECT MAX(event_seq) FROM events WHERE execution_id = ?), 0) < ?
  AND COALESCE((SELECT MAX(last_seq) FROM event_runs WHERE execution_id = ?), 0) < ?`
 			args = append(args, id, first, id, first)

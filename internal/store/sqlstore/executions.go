@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 
 	"github.com/rebuno/rebuno/internal/store"
@@ -13,9 +14,9 @@ import (
 const executionCols = `e.id, e.agent_id, e.agent_version, e.status, e.failure_reason,
  e.created_at, e.updated_at, e.deadline_at, e.parent_execution_id, e.idempotency_key, e.on_behalf_of,
  e.forked_from, e.fork_seq, e.restoration, e.resource_keys, e.dispatch_id, e.last_seq, e.step_order, e.step_count, e.byte_count,
- e.writing`
+ e.writing, e.mark_kept, e.mark_closed, e.mark_generations, e.fork_in_place, e.fork_kept, e.fork_steps`
 
-const executionValues = `, v.input, v.output, v.state FROM executions e JOIN execution_values v ON v.execution_id = e.id`
+const executionValues = `, v.input, v.output, v.state, v.fork_excluded FROM executions e JOIN execution_values v ON v.execution_id = e.id`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -25,16 +26,21 @@ func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
 	var e store.Execution
 	var created, updated, deadline int64
 	var keys, writing string
+	var kept, closed sql.NullInt64
+	var generations []byte
+	var inPlace int64
 	dest := []any{&e.ID, &e.AgentID, &e.AgentVersion, &e.Status, &e.FailureReason,
 		&created, &updated, &deadline, &e.ParentID, &e.IdempotencyKey, &e.OnBehalfOf,
 		&e.ForkedFrom, &e.ForkSeq, &e.Restoration, &keys, &e.DispatchID, &e.LastSeq, &e.StepOrder, &e.StepCount, &e.ByteCount,
-		&writing}
+		&writing, &kept, &closed, &generations, &inPlace, &e.ForkKept, &e.ForkSteps}
 	if withValues {
-		dest = append(dest, &e.Input, &e.Output, &e.State)
+		dest = append(dest, &e.Input, &e.Output, &e.State, &e.ForkExcluded)
 	}
 	if err := s.Scan(dest...); err != nil {
 		return nil, err
 	}
+	e.Mark = markOf(kept, closed, generations)
+	e.ForkInPlace = inPlace == 1
 	e.CreatedAt, e.UpdatedAt, e.DeadlineAt = fromTS(created), fromTS(updated), fromTS(deadline)
 	var err error
 	if e.ResourceKeys, err = decodeList(keys); err != nil {
@@ -96,26 +102,29 @@ func (t *Tx) InsertExecution(ctx context.Context, e *store.Execution) error {
 	}
 	err := t.write(ctx, `INSERT INTO executions (id, agent_id, agent_version, status, failure_reason,
  created_at, updated_at, deadline_at, parent_execution_id, idempotency_key, on_behalf_of,
- forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count, writing)
- VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+ forked_from, fork_seq, restoration, resource_keys, dispatch_id, last_seq, step_order, step_count, byte_count, writing,
+ mark_kept, mark_closed, mark_generations, fork_in_place, fork_kept, fork_steps)
+ VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		e.ID, e.AgentID, e.AgentVersion, e.Status, e.FailureReason,
 		ts(e.CreatedAt), ts(e.UpdatedAt), ts(e.DeadlineAt), e.ParentID, e.IdempotencyKey, e.OnBehalfOf,
 		e.ForkedFrom, e.ForkSeq, e.Restoration, encodeList(e.ResourceKeys), e.DispatchID, e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount,
-		encodeList(e.Writing))
+		encodeList(e.Writing), markKept(e.Mark), markClosed(e.Mark), markGenerations(e.Mark), boolInt(e.ForkInPlace), e.ForkKept, e.ForkSteps)
 	if err != nil {
 		return err
 	}
 	t.statusOf, t.status = e.ID, e.Status
-	return t.exec(ctx, `INSERT INTO execution_values (execution_id, input, output, state) VALUES (?,?,?,?)`,
-		e.ID, e.Input, e.Output, e.State)
+	return t.exec(ctx, `INSERT INTO execution_values (execution_id, input, output, state, fork_excluded) VALUES (?,?,?,?,?)`,
+		e.ID, e.Input, e.Output, e.State, e.ForkExcluded)
 }
 
 func (t *Tx) UpdateExecution(ctx context.Context, e *store.Execution) error {
 	const rest = ` failure_reason = ?, updated_at = ?, resource_keys = ?, dispatch_id = ?,
- last_seq = ?, step_order = ?, step_count = ?, byte_count = ?, writing = ? WHERE id = ?`
+ last_seq = ?, step_order = ?, step_count = ?, byte_count = ?, writing = ?,
+ mark_kept = ?, mark_closed = ?, mark_generations = ? WHERE id = ?`
 	keys, writing := encodeList(e.ResourceKeys), encodeList(e.Writing)
 	args := []any{e.FailureReason, ts(e.UpdatedAt), keys, e.DispatchID,
-		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, writing, e.ID}
+		e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount, writing,
+		markKept(e.Mark), markClosed(e.Mark), markGenerations(e.Mark), e.ID}
 	var err error
 	if t.statusOf == e.ID && t.status == e.Status {
 		err = t.write(ctx, `UPDATE executions SET`+rest, args...)

@@ -107,6 +107,7 @@ func (c *RowCache) updatedExecution(e *store.Execution, keys, writing string) {
 	old.ResourceKeys, old.Writing = resourceKeys, writers
 	old.DispatchID = e.DispatchID
 	old.LastSeq, old.StepOrder, old.StepCount, old.ByteCount = e.LastSeq, e.StepOrder, e.StepCount, e.ByteCount
+	old.Mark = cloneMark(e.Mark)
 }
 
 // dispatch returns a copy of the cached dispatch id.
@@ -152,5 +153,7 @@ func copyHead(e *store.Execution) *store.Execution {
 		cp.Writing = []string{}
 	}
 	cp.Restoration = slices.Clone(e.Restoration)
+	cp.ForkExcluded = nil
+	cp.Mark = cloneMark(e.Mark)
 	return &cp
 }

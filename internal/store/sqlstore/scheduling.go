@@ -96,7 +96,13 @@ func (q *Queries) NextDeadline(ctx context.Context) (time.Time, error) {
  WHERE deadline_at > 0 AND status IN (`+nonTerminalList+`)`)
 }
 
+// RetentionCandidates leaves out the executions an in-place fork reads. The
+// OFFSET in the subquery keeps Postgres from turning it into an anti-join,
+// which its generic plan makes read every in-place fork; so each candidate
+// asks the partial index for its own forks.
 func (q *Queries) RetentionCandidates(ctx context.Context, updatedBefore time.Time, limit int) ([]string, error) {
 	return q.stringCol(ctx, `SELECT id FROM executions`+q.D.IndexedBy("executions_terminal_age")+`
- WHERE status IN (`+terminalList+`) AND updated_at < ? ORDER BY updated_at LIMIT ?`, ts(updatedBefore), limit)
+ WHERE status IN (`+terminalList+`) AND updated_at < ?
+ AND NOT EXISTS (SELECT 1 FROM executions f WHERE f.forked_from = executions.id AND f.fork_in_place = 1 LIMIT 1 OFFSET 0)
+ ORDER BY updated_at LIMIT ?`, ts(updatedBefore), limit)
 }

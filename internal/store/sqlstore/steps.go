@@ -26,7 +26,7 @@ const stepJoin = ` LEFT JOIN steps b ON s.body_step_id <> '' AND b.execution_id 
 
 const stepInsertCols = `execution_id, step_id, step_order, kind, target, args_hash, occurrence, status, idempotency,
  args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq,
- start_info, body_execution_id, body_step_id`
+ start_info, body_execution_id, body_step_id, submitted_seq`
 
 func scanStep(s scanner) (*store.Step, error) {
 	var st store.Step
@@ -73,7 +73,7 @@ func (q *Queries) FinishedStepHeads(ctx context.Context, executionID string, upT
 		var started, completed int64
 		var res string
 		err := s.Scan(&st.StepID, &st.Order, &st.Kind, &st.Target, &st.ArgsHash, &st.Occurrence, &st.Status, &st.Idempotency,
-			&st.ErrorReason, &res, &started, &completed, &st.TerminalSeq, &st.BodyExecutionID, &st.BodyStepID)
+			&st.ErrorReason, &res, &started, &completed, &st.TerminalSeq, &st.BodyExecutionID, &st.BodyStepID, &st.SubmittedSeq)
 		if err != nil {
 			return nil, err
 		}
@@ -83,7 +83,7 @@ func (q *Queries) FinishedStepHeads(ctx context.Context, executionID string, upT
 		}
 		return st, nil
 	}, `SELECT step_id, step_order, kind, target, args_hash, occurrence, status, idempotency, error_reason, resources,
- started_at, completed_at, terminal_seq, body_execution_id, body_step_id FROM steps WHERE execution_id = ? AND step_order > ?
+ started_at, completed_at, terminal_seq, body_execution_id, body_step_id, submitted_seq FROM steps WHERE execution_id = ? AND step_order > ?
  AND status IN ('succeeded','failed','denied') AND terminal_seq BETWEEN 1 AND ? ORDER BY step_order LIMIT ?`,
 		executionID, afterOrder, upTo, limit)
 }
@@ -120,7 +120,7 @@ func (t *Tx) InsertStep(ctx context.Context, s *store.Step) error {
 }
 
 // stepsPerInsert keeps one multi-row insert under SQLite's limit of 32,766
-// bound variables (22 per step).
+// bound variables (23 per step).
 const stepsPerInsert = 1000
 
 // InsertSteps inserts steps with as few statements as it can: a fork copies
@@ -145,12 +145,12 @@ func (t *Tx) InsertSteps(ctx context.Context, steps []*store.Step) error {
 func (t *Tx) insertSteps(ctx context.Context, steps []*store.Step) error {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
-	args := make([]any, 0, 22*len(steps))
+	args := make([]any, 0, 23*len(steps))
 	for i, s := range steps {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+		b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 		// A copy stores no bodies of its own.
 		body, result, errBody := s.Args, s.Result, s.Error
 		if s.BodyStepID != "" {
@@ -158,7 +158,7 @@ func (t *Tx) insertSteps(ctx context.Context, steps []*store.Step) error {
 		}
 		args = append(args, s.ExecutionID, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status,
 			s.Idempotency, body, result, errBody, s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt),
-			ts(s.CompletedAt), s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID)
+			ts(s.CompletedAt), s.DispatchID, s.Attempt, s.TerminalSeq, s.StartInfo, s.BodyExecutionID, s.BodyStepID, s.SubmittedSeq)
 	}
 	return t.exec(ctx, b.String(), args...)
 }
@@ -180,7 +180,7 @@ func areCopies(steps []*store.Step) bool {
 func (t *Tx) insertCopies(ctx context.Context, steps []*store.Step) error {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO steps (` + stepInsertCols + `) VALUES `)
-	args := make([]any, 0, 1+15*len(steps))
+	args := make([]any, 0, 1+16*len(steps))
 	args = append(args, steps[0].ExecutionID)
 	for i, s := range steps {
 		if i > 0 {
@@ -188,10 +188,10 @@ func (t *Tx) insertCopies(ctx context.Context, steps []*store.Step) error {
 		}
 		// A bare ? after ?1 takes the number after the largest one used so
 		// far, so every row's own values follow in order (see Dialect.Rebind).
-		b.WriteString("(?1,?,?,?,?,?,?,?,?,NULL,NULL,NULL,?,?,?,?,'',0,?,NULL,?,?)")
+		b.WriteString("(?1,?,?,?,?,?,?,?,?,NULL,NULL,NULL,?,?,?,?,'',0,?,NULL,?,?,?)")
 		args = append(args, s.StepID, s.Order, s.Kind, s.Target, s.ArgsHash, s.Occurrence, s.Status, s.Idempotency,
 			s.ErrorReason, encodeList(s.Resources), ts(s.StartedAt), ts(s.CompletedAt), s.TerminalSeq,
-			s.BodyExecutionID, s.BodyStepID)
+			s.BodyExecutionID, s.BodyStepID, s.SubmittedSeq)
 	}
 	return t.exec(ctx, b.String(), args...)
 }

@@ -51,6 +51,7 @@ var scenarios = slices.Concat(
 	accessScenarios,
 	resourceScenarios,
 	forkScenarios,
+	inPlaceScenarios,
 )
 
 // Run runs every contract scenario as a subtest, each against a fresh store
