@@ -34,8 +34,14 @@ func closesCopyably(typ string, payload []byte) bool {
 	return false
 }
 
-// advanceMark returns the mark after an event, given the mark before it. A
-// mark is never changed in place: runs and events share them.
+// NextMark returns the mark after an event, given the mark before it: the
+// kernel's own rule, for tools that write a store directly (the benchmarks'
+// long histories) and must mark it as the kernel would. A mark is never
+// changed in place: runs and events share them.
+func NextMark(m *store.Mark, typ string, payload []byte) (*store.Mark, error) {
+	return advanceMark(m, typ, payload)
+}
+
 func advanceMark(m *store.Mark, typ string, payload []byte) (*store.Mark, error) {
 	keep := keepable(typ)
 	closes := closesCopyably(typ, payload)

@@ -12,7 +12,7 @@ import (
 // marksCheck holds the marks the store keeps for an execution's log against
 // a pass over the log written here from docs/protocol/forks.md alone: at
 // every seq, the mark after it counts the keepable events and the copyable
-// closes up to it, and holds each key's generation there (§2, "the
+// closes up to it, and holds each key's generation there (docs/protocol/forks.md §2, "the
 // generation of k at s").
 func marksCheck(t *testing.T, fx *fixture, id string) {
 	t.Helper()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rebuno/rebuno/internal/identity"
 	"github.com/rebuno/rebuno/internal/jsonx"
+	"github.com/rebuno/rebuno/internal/kernel"
 	"github.com/rebuno/rebuno/internal/store"
 	"github.com/rebuno/rebuno/internal/store/sqlite"
 	"github.com/rebuno/rebuno/internal/wire"
@@ -55,17 +56,25 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 		return nil, err
 	}
 	input := []byte(fmt.Sprintf(`{"bench":"fork","steps":%d,"body":%d}`, n, body))
+	// Marked as the kernel marks a log, so that forks read it in place
+	// (docs/architecture.md, "Forks").
 	e := &store.Execution{ID: src.id, AgentID: agentID, Input: input, Status: wire.ExecRunning, CreatedAt: now, UpdatedAt: now,
-		ResourceKeys: []string{forkKey}, ByteCount: int64(len(input))}
+		ResourceKeys: []string{forkKey}, ByteCount: int64(len(input)), Mark: &store.Mark{}}
 	every := max(n/max(ckpts, 1), 1)
 	res := &store.Resource{ExecutionID: src.id, Key: forkKey, DriverID: "rebuno.local_directory.v1", Configuration: []byte(`{"template":null}`),
 		EverySteps: int64(every), OnCompletion: true}
 	var evs []*store.Event
+	var markErr error
 	emit := func(typ string, p *jsonx.Object) {
 		b := p.Bytes()
 		e.LastSeq++
 		e.ByteCount += int64(len(b))
-		evs = append(evs, &store.Event{ExecutionID: src.id, Seq: e.LastSeq, Type: typ, Payload: b, OccurredAt: now})
+		evs = append(evs, &store.Event{ExecutionID: src.id, Seq: e.LastSeq, Type: typ, Payload: b, OccurredAt: now, Mark: e.Mark})
+		if next, err := kernel.NextMark(e.Mark, typ, b); err != nil {
+			markErr = err
+		} else {
+			e.Mark = next
+		}
 	}
 	emit(wire.EventExecutionCreated, (&jsonx.Object{}).String("execution_id", src.id).String("status", wire.ExecPending).String("agent_id", agentID))
 	emit(wire.EventExecutionStarted, (&jsonx.Object{}).String("execution_id", src.id).String("status", wire.ExecRunning))
@@ -108,6 +117,7 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 			p := func() *jsonx.Object {
 				return (&jsonx.Object{}).String("step_id", s.StepID).String("step_type", s.Kind).String("target", s.Target)
 			}
+			s.SubmittedSeq = e.LastSeq + 1
 			emit(wire.EventStepProposed, p())
 			emit(wire.EventStepAllowed, p())
 			emit(wire.EventStepExecuting, p().Strings("resources", []string{forkKey}).Raw("generations",
@@ -156,6 +166,9 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 			return nil, err
 		}
 		openWritten = open != nil
+	}
+	if markErr != nil {
+		return nil, markErr
 	}
 	evs = evs[:0]
 	e.Status, e.Output, e.UpdatedAt = wire.ExecCompleted, []byte(`{"done":true}`), now
