@@ -31,7 +31,11 @@ describe("npm pack", () => {
     const pkg = (await import("../package.json", { with: { type: "json" } })).default as { exports: Record<string, unknown> };
     expect(Object.keys(pkg.exports)).toEqual([".", "./drivers", "./mcp", "./package.json"]);
     expect(pkg.exports["./mcp"]).toEqual({ types: "./dist/mcp.d.ts", import: "./dist/mcp.js" });
-    const mcp = (await import("rebuno/mcp")) as Record<string, unknown>;
+    // By the package's own name, as a user imports it: resolved through the
+    // export map to the dist the pack above built (a variable, so that
+    // type-checking does not need dist to exist).
+    const specifier = "rebuno/mcp";
+    const mcp = (await import(specifier)) as Record<string, unknown>;
     expect(Object.keys(mcp).sort()).toEqual(["McpToolError", "mcpResultValue", "wrapMcpTool", "wrapMcpTools"]);
     const dist = path.join(PACKAGE, "dist");
     const imported = new Set<string>();
