@@ -369,7 +369,7 @@ func TestDispatchClaimedOnceAcrossReplicas(t *testing.T) {
 func TestRateLimitAcrossReplicas(t *testing.T) {
 	_, ks := replicas(t, 3)
 	a := ks[0].NewAgent("quota-agent", "")
-	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/quota-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: quota\n    when: {target: search}\n    then:\n      decision: allow\n      rate_limit: {max_calls: 7, window: 1m, per_what: agent}\n"}`),
+	ks[0].Must(204, ks[0].Do("POST", "/v0/policies/quota-agent", []byte(`{"bundle":"default_action: allow\nrules:\n  - id: quota\n    when: {target: search}\n    then:\n      decision: allow\n      rate_limit: {max_calls: 7, window: 1m, per_what: agent, on_limiter_error: deny}\n"}`),
 		map[string]string{"Content-Type": "application/json"}))
 	const executions = 6
 	type run struct {
@@ -391,14 +391,21 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 				defer wg.Done()
 				d := a.Via(ks[(i+j)%3]).Submit(r.id, r.lease, fmt.Sprintf(`{"kind":"tool_call","target":"search","args":{"q":%d}}`, j))
 				mu.Lock()
-				decisions[d.Decision]++
+				decisions[strings.TrimSuffix(d.Decision+" "+d.Reason, " ")]++
 				mu.Unlock()
 			}()
 		}
 	}
 	wg.Wait()
-	if decisions["proceed"] != 7 || decisions["rate_limited"] != executions*4-7 {
-		t.Errorf("decisions across three replicas: %v; want 7 proceed and %d rate_limited", decisions, executions*4-7)
+	// One budget of 7 for the three replicas (each alone would admit 7). A
+	// check slower than the limiter's budget, which a loaded machine makes,
+	// refuses instead (on_limiter_error: deny), and may or may not have
+	// taken its token: so at most 7 proceed, and every missing one is such
+	// a refusal.
+	proceed, unavailable := decisions["proceed"], decisions["rate_limited rate_limiter_unavailable"]
+	limited := decisions["rate_limited rate_limit_exceeded"]
+	if proceed > 7 || proceed+unavailable < 7 || proceed+unavailable+limited != executions*4 {
+		t.Errorf("decisions across three replicas: %v; want 7 proceed (fewer only by limiter timeouts), the rest rate_limited", decisions)
 	}
 }
 

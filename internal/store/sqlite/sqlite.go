@@ -229,14 +229,18 @@ func prepareFile(path string, log *slog.Logger) error {
 			return fmt.Errorf("create database folder %s: %w", dir, err)
 		}
 	}
+	// Create it, or find it there: one call, so that two kernels started
+	// together on a new file cannot both see it missing and one fail to
+	// create it (the file lock decides which of them keeps it).
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err == nil {
+		return f.Close()
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create database %s: %w", path, err)
+	}
 	st, err := os.Stat(path)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-		if err != nil {
-			return fmt.Errorf("create database %s: %w", path, err)
-		}
-		return f.Close()
 	case err != nil:
 		return fmt.Errorf("stat database %s: %w", path, err)
 	case st.IsDir():

@@ -32,9 +32,9 @@ export interface ToolDefinition<Args, Result> extends ToolOptions {
 /** A governed tool: resolves to the (recorded) result, or to the denial text. */
 export type Tool<Args, Result> = ((args: Args) => Promise<Awaited<Result> | string>) & { readonly toolName: string };
 
-function makeTool<Args, Result>(name: string, idempotency: Idempotency, resources: string[],
-  body: (args: Args, rest: unknown[]) => Result | Promise<Result>): Tool<Args, Result> {
-  const what = `tool ${JSON.stringify(name)}`;
+/** The callable behind every governed tool (`defineTool`, `wrapTool`, the MCP wrappers). `what` names it in errors. */
+export function makeTool<Args, Result>(name: string, idempotency: Idempotency, resources: string[],
+  body: (args: Args, rest: unknown[]) => Result | Promise<Result>, what = `tool ${JSON.stringify(name)}`): Tool<Args, Result> {
   const call = async (args: Args, ...rest: unknown[]): Promise<Awaited<Result> | string> => {
     try {
       return (await runEffect("tool_call", name, args === undefined ? {} : args, () => body(args, rest), { idempotency, resources, what })) as Awaited<Result>;
@@ -48,7 +48,7 @@ function makeTool<Args, Result>(name: string, idempotency: Idempotency, resource
   return call as Tool<Args, Result>;
 }
 
-function checkName(name: unknown): string {
+export function checkName(name: unknown): string {
   if (typeof name !== "string" || !name) throw new TypeError("a tool name must be a non-empty string");
   return name;
 }
