@@ -226,12 +226,7 @@ func (k *Kernel) ListEvents(ctx context.Context, c Caller, id string, afterSeq i
 	case limit > wire.MaxEventsLimit:
 		limit = wire.MaxEventsLimit
 	}
-	e, err := k.GetExecution(ctx, c, id)
-	if err != nil {
-		return nil, err
-	}
-	rd := k.store.Read()
-	v, err := k.viewOf(ctx, rd, e)
+	rd, v, err := k.readable(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -266,11 +261,7 @@ func (k *Kernel) EachStepPage(ctx context.Context, c Caller, id, filter string, 
 	if err != nil {
 		return err
 	}
-	e, err := k.GetExecution(ctx, c, id)
-	if err != nil {
-		return err
-	}
-	v, err := k.viewOf(ctx, k.store.Read(), e)
+	_, v, err := k.readable(ctx, c, id)
 	if err != nil {
 		return err
 	}
@@ -293,14 +284,22 @@ func (k *Kernel) EachStepPage(ctx context.Context, c Caller, id, filter string, 
 	}
 }
 
-// GetStep reads one step of an execution.
-func (k *Kernel) GetStep(ctx context.Context, c Caller, id, stepID string) (*store.Step, error) {
+// readable checks that the caller may read execution id, and returns a
+// reader and its forkView (nil unless it is an in-place fork) for reading its
+// events and steps.
+func (k *Kernel) readable(ctx context.Context, c Caller, id string) (store.Reader, *forkView, error) {
 	e, err := k.GetExecution(ctx, c, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rd := k.store.Read()
 	v, err := k.viewOf(ctx, rd, e)
+	return rd, v, err
+}
+
+// GetStep reads one step of an execution.
+func (k *Kernel) GetStep(ctx context.Context, c Caller, id, stepID string) (*store.Step, error) {
+	rd, v, err := k.readable(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
