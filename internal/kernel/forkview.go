@@ -51,11 +51,16 @@ func (k *Kernel) viewByID(ctx context.Context, rd store.Reader, id string) (*for
 	if ok {
 		return v, nil
 	}
-	e, err := rd.Execution(ctx, id)
+	// The head first: only an in-place fork needs what is kept beside the
+	// input (its exclusions), and an input may be large.
+	e, err := rd.ExecutionHead(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if e.ForkInPlace {
+		if e, err = rd.Execution(ctx, id); err != nil {
+			return nil, err
+		}
 		x, err := decodeExclusions(e.ForkExcluded)
 		if err != nil {
 			return nil, err
