@@ -249,24 +249,13 @@ func (p *forkPlan) observe(ev *store.Event, copiedStep, copiedKey map[string]boo
 	if !isStep && ev.Type != EventResourceRegistered && ev.Type != EventResourceInitialized {
 		return false, nil
 	}
-	switch ev.Type {
-	case wire.EventStepExecuting:
-		if raw := jsonx.Field(ev.Payload, "generations"); raw != nil {
-			g, err := jsonx.Parse(raw, wire.MaxNesting)
-			if err != nil {
-				return false, fmt.Errorf("event %d: generations: %w", ev.Seq, err)
-			}
-			for _, m := range g.Members {
-				if n, ok := intValue(m.Value.Raw); ok {
-					p.generations[m.Key] = n
-				}
-			}
-		}
-	case EventResourceInitialized:
-		if key := textField(ev.Payload, "key"); key != nil {
-			if n, ok := intValue(jsonx.Field(ev.Payload, "generation")); ok {
-				p.generations[string(key)] = n
-			}
+	sets, err := generationsSet(ev.Type, ev.Payload)
+	if err != nil {
+		return false, fmt.Errorf("event %d: generations: %w", ev.Seq, err)
+	}
+	for _, m := range sets {
+		if n, ok := intValue(m.Value.Raw); ok {
+			p.generations[m.Key] = n
 		}
 	}
 	if isStep {

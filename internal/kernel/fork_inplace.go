@@ -208,7 +208,13 @@ func (p *inPlacePlan) mapSeq(ctx context.Context, rd store.Reader, sourceID stri
 	if !ok {
 		return 0, fmt.Errorf("no mark at seq %d of %s", x, sourceID)
 	}
-	y := 2 + m.Kept - int64(sort.Search(len(p.excluded.Seqs), func(i int) bool { return p.excluded.Seqs[i] > x }))
+	y := forkSeq(m, p.excluded, x)
 	p.mapped[x] = y
 	return y, nil
+}
+
+// forkSeq is the fork's seq of source seq x, from the source's mark after x:
+// position 2 plus the kept events up to x (docs/protocol/forks.md §3).
+func forkSeq(after *store.Mark, x *exclusions, seq int64) int64 {
+	return 2 + after.Kept - int64(sort.Search(len(x.Seqs), func(i int) bool { return x.Seqs[i] > seq }))
 }

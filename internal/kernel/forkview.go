@@ -255,7 +255,7 @@ func (m *seqMapper) mapSeq(ctx context.Context, x int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return 2 + after.Kept - int64(sort.Search(len(m.v.x.Seqs), func(i int) bool { return m.v.x.Seqs[i] > x })), nil
+	return forkSeq(after, m.v.x, x), nil
 }
 
 // present is a copied source step as the fork shows it: the fork's id and
