@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,10 +34,8 @@ func acquire(dbPath string) (*fileLock, error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		holder := "another process"
-		if b, rerr := os.ReadFile(path); rerr == nil {
-			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
-				holder = "process " + strconv.Itoa(pid)
-			}
+		if pid := holderPID(path); pid > 0 {
+			holder = "process " + strconv.Itoa(pid)
 		}
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
@@ -49,6 +48,21 @@ func acquire(dbPath string) (*fileLock, error) {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &fileLock{f: f}, nil
+}
+
+// holderPID reads the pid the lock's holder wrote, 0 when there is none. A
+// holder writes it just after taking the lock, so a process refused at that
+// moment waits for it a little (at most 100 ms) rather than name nobody.
+func holderPID(path string) int {
+	for range 50 {
+		if b, err := os.ReadFile(path); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+				return pid
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return 0
 }
 
 // release drops the lock. The file stays: removing it would let a process
