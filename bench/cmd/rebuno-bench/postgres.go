@@ -267,40 +267,23 @@ func (b *bench) pgConditions(replicas int, concurrency string) []string {
 	}
 }
 
-// pgStepsPerSecond holds PG1's throughput for PG3's comparison.
-var pgStepsPerSecond float64
+// pgLoaded is what one loaded window of runPGReplicas measured.
+type pgLoaded struct {
+	steps     int64
+	pair, sub []time.Duration
+	probe     *dispatchProbe
+	cpu       *pgCPU
+}
 
-func (b *bench) runPG1(ctx context.Context) *metricResult { return b.runPGReplicas(ctx, "PG1", 1) }
-func (b *bench) runPG3(ctx context.Context) *metricResult { return b.runPGReplicas(ctx, "PG3", 3) }
-
-func (b *bench) runPGReplicas(ctx context.Context, id string, n int) *metricResult {
-	m := newMetric(id, fmt.Sprintf("server mode, %d replica(s) on one Postgres: steps one at a time, %d executions at once, dispatch latency", n, b.cfg.Concurrency))
-	m.Conditions = b.pgConditions(n, fmt.Sprintf("1, then %d executions looping steps (+ one create every %s), then creates one at a time", b.cfg.Concurrency, b.cfg.P3Interval))
-	if b.cfg.Postgres == "" {
-		m.Failed = "no -postgres server given"
-		return m
-	}
-	ks, c, dbURL, stop, err := b.replicas(ctx, n)
-	if err != nil {
-		m.Failed = err.Error()
-		return m
-	}
-	defer stop()
+// pgLoad runs the configured number of step loops (carried or as pairs)
+// with a create every P3 interval for one warm-up and window, sampling
+// every process's CPU over the window.
+func (b *bench) pgLoad(ctx context.Context, m *metricResult, ks []*kernelProc, dbURL string, c *client, carried bool) pgLoaded {
 	cpu := &pgCPU{kernels: ks, postgres: postmaster(ctx, dbURL)}
-
-	// Steps one at a time.
 	from, to := b.window()
-	w := &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec}
-	w.run(ctx)
-	pair := m.addLatency("pair (submit + complete), one at a time", w.pair)
-	m.addLatency("submit, one at a time", w.sub)
-	m.addLatency("complete, one at a time", w.comp)
-	m.addValue("rate, one at a time", float64(w.steps)/b.cfg.Duration.Seconds(), "steps/s")
-
-	// Many executions at once, with a create now and then.
-	from, to = b.window()
-	done := make(chan struct{})
+	done, sampled := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(sampled)
 		select {
 		case <-time.After(time.Until(from)):
 			cpu.start()
@@ -316,34 +299,79 @@ func (b *bench) runPGReplicas(ctx context.Context, id string, n int) *metricResu
 	workers := make([]*stepWorker, b.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for i := range workers {
-		workers[i] = &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec}
+		workers[i] = &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec, carried: carried}
 		wg.Add(1)
 		go func(w *stepWorker) { defer wg.Done(); w.run(ctx) }(workers[i])
 	}
-	probe := &dispatchProbe{c: c, r: b.recv, errs: m.errs, from: from, to: to, interval: b.cfg.P3Interval}
+	l := pgLoaded{cpu: cpu, probe: &dispatchProbe{c: c, r: b.recv, errs: m.errs, from: from, to: to, interval: b.cfg.P3Interval}}
 	wg.Add(1)
-	go func() { defer wg.Done(); probe.run(ctx) }()
+	go func() { defer wg.Done(); l.probe.run(ctx) }()
 	wg.Wait()
 	close(done)
-	var steps int64
-	var loaded []time.Duration
+	<-sampled
 	for _, w := range workers {
-		steps += w.steps
-		loaded = append(loaded, w.pair...)
+		l.steps += w.steps
+		l.pair = append(l.pair, w.pair...)
+		l.sub = append(l.sub, w.sub...)
 	}
-	rate := float64(steps) / b.cfg.Duration.Seconds()
+	return l
+}
+
+// pgCPUPerStep reports each process's CPU per step over a loaded window.
+func (b *bench) pgCPUPerStep(m *metricResult, cpu *pgCPU, steps int64, suffix string) {
+	if cpu.Window <= 0 || steps == 0 {
+		return
+	}
+	inWindow := int64(float64(steps) * cpu.Window.Seconds() / b.cfg.Duration.Seconds())
+	m.addValue("kernel CPU per step (all replicas)"+suffix, perStep(cpu.Kernels, inWindow), "µs")
+	if cpu.postgres != 0 {
+		m.addValue("Postgres CPU per step"+suffix, perStep(cpu.Postgres, inWindow), "µs")
+	}
+	m.addValue("load generator CPU per step"+suffix, perStep(cpu.Generator, inWindow), "µs")
+	m.addValue("machine busy"+suffix, 100*cpu.Busy, "% of all CPUs")
+}
+
+// pgStepsPerSecond holds PG1's throughput for PG3's comparison.
+var pgStepsPerSecond float64
+
+func (b *bench) runPG1(ctx context.Context) *metricResult { return b.runPGReplicas(ctx, "PG1", 1) }
+func (b *bench) runPG3(ctx context.Context) *metricResult { return b.runPGReplicas(ctx, "PG3", 3) }
+
+func (b *bench) runPGReplicas(ctx context.Context, id string, n int) *metricResult {
+	m := newMetric(id, fmt.Sprintf("server mode, %d replica(s) on one Postgres: steps one at a time, %d executions at once, dispatch latency", n, b.cfg.Concurrency))
+	m.Conditions = b.pgConditions(n, fmt.Sprintf("1, then %d executions looping steps (+ one create every %s), as pairs and then carried, then creates one at a time", b.cfg.Concurrency, b.cfg.P3Interval))
+	if b.cfg.Postgres == "" {
+		m.Failed = "no -postgres server given"
+		return m
+	}
+	ks, c, dbURL, stop, err := b.replicas(ctx, n)
+	if err != nil {
+		m.Failed = err.Error()
+		return m
+	}
+	defer stop()
+	// Steps one at a time.
+	from, to := b.window()
+	w := &stepWorker{c: c, r: b.recv, errs: m.errs, from: from, to: to, perExec: b.cfg.StepsPerExec}
+	w.run(ctx)
+	pair := m.addLatency("pair (submit + complete), one at a time", w.pair)
+	m.addLatency("submit, one at a time", w.sub)
+	m.addLatency("complete, one at a time", w.comp)
+	m.addValue("rate, one at a time", float64(w.steps)/b.cfg.Duration.Seconds(), "steps/s")
+
+	// Many executions at once, with a create now and then; then the same
+	// executions as this project's SDKs send them, each submit carrying the
+	// previous step's outcome (docs/protocol/steps.md §13).
+	l := b.pgLoad(ctx, m, ks, dbURL, c, false)
+	rate := float64(l.steps) / b.cfg.Duration.Seconds()
 	m.addValue("throughput", rate, "steps/s (one step = submit + complete)")
-	m.addLatency(fmt.Sprintf("pair under load (%d at once)", b.cfg.Concurrency), loaded)
-	under := m.addLatency("create → webhook, under load", probe.dispatch)
-	if cpu.Window > 0 && steps > 0 {
-		inWindow := int64(float64(steps) * cpu.Window.Seconds() / b.cfg.Duration.Seconds())
-		m.addValue("kernel CPU per step (all replicas)", perStep(cpu.Kernels, inWindow), "µs")
-		if cpu.postgres != 0 {
-			m.addValue("Postgres CPU per step", perStep(cpu.Postgres, inWindow), "µs")
-		}
-		m.addValue("load generator CPU per step", perStep(cpu.Generator, inWindow), "µs")
-		m.addValue("machine busy", 100*cpu.Busy, "% of all CPUs")
-	}
+	m.addLatency(fmt.Sprintf("pair under load (%d at once)", b.cfg.Concurrency), l.pair)
+	under := m.addLatency("create → webhook, under load", l.probe.dispatch)
+	b.pgCPUPerStep(m, l.cpu, l.steps, "")
+	cl := b.pgLoad(ctx, m, ks, dbURL, c, true)
+	m.addValue("carried throughput", float64(cl.steps)/b.cfg.Duration.Seconds(), "steps/s (one step = one submit carrying the previous outcome)")
+	m.addLatency(fmt.Sprintf("carried submit under load (%d at once)", b.cfg.Concurrency), cl.sub)
+	b.pgCPUPerStep(m, cl.cpu, cl.steps, ", carried")
 
 	// Creates one at a time: create on one replica, delivered by whichever
 	// claims it.
