@@ -5,10 +5,16 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/rebuno/rebuno/internal/store/sqlstore"
 )
 
 // opConn is the connection one operation's transaction runs on, as the SQL
@@ -71,6 +77,7 @@ func (c *opConn) QueryContext(ctx context.Context, query string, args ...any) (*
 	if err := c.flush(ctx, ""); err != nil {
 		return nil, err
 	}
+	roundTrip()
 	return c.conn.QueryContext(ctx, query, args...)
 }
 
@@ -79,7 +86,111 @@ func (c *opConn) QueryContext(ctx context.Context, query string, args ...any) (*
 // reports the writes' error.
 func (c *opConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	c.flush(ctx, "")
+	roundTrip()
 	return c.conn.QueryRowContext(ctx, query, args...)
+}
+
+// QueryRows implements sqlstore.Batcher: the held writes and the reads go in
+// one round trip. Each read's row is kept, undecoded, until its Scan.
+func (c *opConn) QueryRows(ctx context.Context, reads ...sqlstore.RowQuery) []sqlstore.Scanner {
+	out := make([]sqlstore.Scanner, len(reads))
+	if c.err != nil {
+		for i := range out {
+			out[i] = &bufferedRow{err: c.err}
+		}
+		return out
+	}
+	held := c.pending
+	c.pending = nil
+	roundTrip()
+	batch := &pgx.Batch{}
+	for _, w := range held {
+		batch.Queue(w.query, w.args...)
+	}
+	for _, r := range reads {
+		batch.Queue(r.Query, r.Args...)
+	}
+	err := c.conn.Raw(func(dc any) error {
+		conn := dc.(*stdlib.Conn).Conn()
+		results := conn.SendBatch(ctx, batch)
+		first := execHeld(results, held)
+		for i := range reads {
+			out[i] = bufferRow(conn.TypeMap(), results)
+		}
+		if err := results.Close(); err != nil && first == nil && len(reads) == 0 {
+			first = err
+		}
+		return first
+	})
+	if err != nil {
+		// A held write failed: the transaction is aborted, and its reads
+		// answer with the write's error, which the operation would have
+		// seen had it been sent alone.
+		c.err = classify(err)
+		for i := range out {
+			out[i] = &bufferedRow{err: c.err}
+		}
+	}
+	return out
+}
+
+// execHeld reads the answers to the held writes at the head of a batch and
+// returns the first failure.
+func execHeld(results pgx.BatchResults, held []*heldWrite) error {
+	var first error
+	for _, w := range held {
+		tag, err := results.Exec()
+		w.sent, w.rows, w.err = true, tag.RowsAffected(), err
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// bufferedRow is one read's answer from a batch: the first row's columns as
+// the server sent them, decoded into the caller's values by Scan.
+type bufferedRow struct {
+	types  *pgtype.Map
+	fields []pgconn.FieldDescription
+	values [][]byte
+	err    error
+}
+
+// bufferRow reads the next answer of a batch into a bufferedRow, copying
+// what pgx reuses for the next one.
+func bufferRow(types *pgtype.Map, results pgx.BatchResults) *bufferedRow {
+	rows, err := results.Query()
+	if err != nil {
+		return &bufferedRow{err: err}
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return &bufferedRow{err: err}
+		}
+		return &bufferedRow{err: sql.ErrNoRows}
+	}
+	r := &bufferedRow{types: types, fields: slices.Clone(rows.FieldDescriptions())}
+	r.values = make([][]byte, len(rows.RawValues()))
+	for i, v := range rows.RawValues() {
+		if v != nil {
+			r.values[i] = slices.Clone(v)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return &bufferedRow{err: err}
+	}
+	return r
+}
+
+// Scan implements sqlstore.Scanner.
+func (r *bufferedRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	return pgx.ScanRow(r.types, r.fields, r.values, dest...)
 }
 
 // flush sends the held writes, then final when it is not "", in one round
@@ -90,6 +201,7 @@ func (c *opConn) flush(ctx context.Context, final string) error {
 	}
 	held := c.pending
 	c.pending = nil
+	roundTrip()
 	batch := &pgx.Batch{}
 	for _, w := range held {
 		batch.Queue(w.query, w.args...)
@@ -99,14 +211,7 @@ func (c *opConn) flush(ctx context.Context, final string) error {
 	}
 	err := c.conn.Raw(func(dc any) error {
 		results := dc.(*stdlib.Conn).Conn().SendBatch(ctx, batch)
-		var first error
-		for _, w := range held {
-			tag, err := results.Exec()
-			w.sent, w.rows, w.err = true, tag.RowsAffected(), err
-			if err != nil && first == nil {
-				first = err
-			}
-		}
+		first := execHeld(results, held)
 		if final != "" {
 			if _, err := results.Exec(); err != nil && first == nil {
 				first = err
@@ -139,6 +244,16 @@ func (c *opConn) rollback() {
 		}
 		return nil
 	})
+}
+
+// roundTripHook, when set (by tests), is called for each round trip an
+// operation's transaction makes.
+var roundTripHook atomic.Pointer[func()]
+
+func roundTrip() {
+	if hook := roundTripHook.Load(); hook != nil {
+		(*hook)()
+	}
 }
 
 // rollbackTimeout bounds a ROLLBACK; a connection that takes longer is

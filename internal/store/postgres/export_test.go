@@ -9,3 +9,13 @@ func SetQueryHook(f func(query string)) {
 	}
 	queryHook.Store(&f)
 }
+
+// SetRoundTripHook makes f see every round trip of an operation's
+// transaction (nil: none).
+func SetRoundTripHook(f func()) {
+	if f == nil {
+		roundTripHook.Store(nil)
+		return
+	}
+	roundTripHook.Store(&f)
+}

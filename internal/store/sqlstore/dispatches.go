@@ -12,12 +12,16 @@ const dispatchCols = `id, execution_id, status, attempt, max_attempts, progress_
  next_attempt_at, lease_expires_at, claimed_by, created_at, updated_at`
 
 func (q *Queries) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
+	d, err := scanDispatch(q.row(ctx, `SELECT `+dispatchCols+` FROM dispatches WHERE id = ?`, id))
+	return d, notFound(err)
+}
+
+func scanDispatch(s scanner) (*store.Dispatch, error) {
 	var d store.Dispatch
 	var next, lease, created, updated int64
-	err := q.row(ctx, `SELECT `+dispatchCols+` FROM dispatches WHERE id = ?`, id).Scan(&d.ID, &d.ExecutionID, &d.Status,
-		&d.Attempt, &d.MaxAttempts, &d.ProgressAttempt, &d.LeaseTimeout, &next, &lease, &d.ClaimedBy, &created, &updated)
-	if err != nil {
-		return nil, notFound(err)
+	if err := s.Scan(&d.ID, &d.ExecutionID, &d.Status, &d.Attempt, &d.MaxAttempts, &d.ProgressAttempt,
+		&d.LeaseTimeout, &next, &lease, &d.ClaimedBy, &created, &updated); err != nil {
+		return nil, err
 	}
 	d.NextAttemptAt, d.LeaseExpiresAt, d.CreatedAt, d.UpdatedAt = fromTS(next), fromTS(lease), fromTS(created), fromTS(updated)
 	return &d, nil
@@ -52,6 +56,10 @@ func (t *Tx) RetireDispatches(ctx context.Context, executionID, keepID string, n
 
 // one.
 func (t *Tx) Dispatch(ctx context.Context, id string) (*store.Dispatch, error) {
+	if d := t.lockedDispatch; d != nil && d.ID == id {
+		t.lockedDispatch = nil
+		return d, nil
+	}
 	if t.cache != nil {
 		if d, ok := t.cache.dispatch(id); ok {
 			return d, nil

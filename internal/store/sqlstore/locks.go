@@ -32,7 +32,26 @@ func (t *Tx) LockExecution(ctx context.Context, id string, skipLocked bool) erro
 	if clause == "" {
 		return nil
 	}
-	e, err := scanHead(t.row(ctx, `SELECT `+executionCols+` FROM executions e WHERE e.id = ?`+clause, id))
+	lockRead := `SELECT ` + executionCols + ` FROM executions e WHERE e.id = ?` + clause
+	var e *store.Execution
+	var err error
+	if b, ok := t.Q.(Batcher); ok {
+		// The execution's dispatch comes in the same round trip, read by a
+		// statement of its own: it runs once the lock is granted, and so
+		// sees what the lock's previous holder committed. A join in the
+		// locking read would see the dispatch as of that statement's start.
+		answers := b.QueryRows(ctx, RowQuery{Query: t.D.Rebind(lockRead), Args: []any{id}},
+			RowQuery{Query: t.D.Rebind(`SELECT ` + dispatchCols + ` FROM dispatches
+ WHERE id = (SELECT dispatch_id FROM executions WHERE id = ?)`), Args: []any{id}})
+		e, err = scanHead(row{r: answers[0], d: t.D})
+		if err == nil {
+			if d, derr := scanDispatch(row{r: answers[1], d: t.D}); derr == nil {
+				t.lockedDispatch = d
+			}
+		}
+	} else {
+		e, err = scanHead(t.row(ctx, lockRead, id))
+	}
 	switch {
 	case err == nil:
 		t.locked = e

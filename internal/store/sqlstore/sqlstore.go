@@ -27,6 +27,26 @@ type Querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// Batcher is a Querier that sends single-row reads, and the writes it
+// holds before them, in one round trip (Postgres, where each round trip
+// costs both processes a send, a receive and a wake-up). Each read still
+// runs as a statement of its own, after the ones before it. Where the
+// transaction's Querier is one, every single-row read goes through it.
+type Batcher interface {
+	QueryRows(ctx context.Context, reads ...RowQuery) []Scanner
+}
+
+// RowQuery is one read of a Batcher's round trip, its placeholders already
+// in the backend's syntax.
+type RowQuery struct {
+	Query string
+	Args  []any
+}
+
+// Scanner is the answer to a single-row read: the row's columns, or
+// sql.ErrNoRows when there is none.
+type Scanner interface{ Scan(dest ...any) error }
+
 // Dialect is the seam between SQL backends: everything else is the same SQL.
 type Dialect interface {
 	// Rebind rewrites placeholders into the backend's syntax. Queries use
@@ -88,8 +108,11 @@ type Tx struct {
 	// cache, when the backend keeps one, answers the reads of execution
 	// heads and dispatches and follows the writes of them.
 	cache *RowCache
-	// locked is the head LockExecution read, until the transaction writes.
-	locked *store.Execution
+	// locked is the head LockExecution read, until the transaction writes;
+	// lockedDispatch the execution's dispatch, where the lock read brought
+	// it (Batcher).
+	locked         *store.Execution
+	lockedDispatch *store.Dispatch
 }
 
 // NewTx returns a Tx writing through q.
@@ -151,9 +174,10 @@ func (q *Queries) exec(ctx context.Context, query string, args ...any) error {
 	return err
 }
 
-// result runs a write of the transaction, which forgets the head it locked.
+// result runs a write of the transaction, which forgets the rows its lock
+// read brought.
 func (t *Tx) result(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	t.locked = nil
+	t.locked, t.lockedDispatch = nil, nil
 	return t.Queries.result(ctx, query, args...)
 }
 
@@ -172,14 +196,18 @@ func (q *Queries) query(ctx context.Context, query string, args ...any) (*rows, 
 }
 
 func (q *Queries) row(ctx context.Context, query string, args ...any) row {
-	return row{r: q.Q.QueryRowContext(ctx, q.D.Rebind(query), args...), d: q.D}
+	query = q.D.Rebind(query)
+	if b, ok := q.Q.(Batcher); ok {
+		return row{r: b.QueryRows(ctx, RowQuery{Query: query, Args: args})[0], d: q.D}
+	}
+	return row{r: q.Q.QueryRowContext(ctx, query, args...), d: q.D}
 }
 
 // row and rows are the driver's, with errors classified (Dialect.Classify):
 // a connection lost while reading shows as store.ErrUnavailable wherever
 // it surfaces.
 type row struct {
-	r *sql.Row
+	r Scanner
 	d Dialect
 }
 
