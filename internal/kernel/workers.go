@@ -95,9 +95,12 @@ func (k *Kernel) sweepLoop(ctx context.Context) {
 	next := k.clock.Now()
 	for ctx.Err() == nil {
 		leading := k.store.Leading()
-		if leading && !k.clock.Now().Before(next) {
+		if now := k.clock.Now(); leading && !now.Before(next) {
 			k.Sweep(ctx)
-			next = k.clock.Now().Add(k.cfg.CleanupInterval)
+			// The next sweep is due an interval after this one began, not
+			// ended: time that passed during a long sweep (or a clock moved
+			// meanwhile) must not push back the sweep that follows.
+			next = now.Add(k.cfg.CleanupInterval)
 		}
 		// A replica that does not lead looks again at the poll interval:
 		// waiting for a sweep time already past would return at once.

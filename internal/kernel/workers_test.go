@@ -5,8 +5,10 @@ package kernel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -522,5 +524,61 @@ func TestWorkersIdleWhenNotLeading(t *testing.T) {
 	<-stopped
 	if n := f.asked.Load(); n == 0 || n > 50 {
 		t.Fatalf("the workers asked whether this replica leads %d times in 300 ms", n)
+	}
+}
+
+// slowSweep holds the first retention query until gate closes, as a sweep
+// on a busy database is held, and says when it has started (entered).
+type slowSweep struct {
+	store.Store
+	entered, gate chan struct{}
+	once          sync.Once
+}
+
+func (s *slowSweep) Read() store.Reader { return slowSweepReader{s.Store.Read(), s} }
+
+type slowSweepReader struct {
+	store.Reader
+	s *slowSweep
+}
+
+func (r slowSweepReader) RetentionCandidates(ctx context.Context, cutoff time.Time, limit int) ([]string, error) {
+	r.s.once.Do(func() {
+		close(r.s.entered)
+		<-r.s.gate
+	})
+	return r.Reader.RetentionCandidates(ctx, cutoff, limit)
+}
+
+// Time that passes during a sweep does not push back the next one: it is
+// due an interval after the last began. (It was due an interval after the
+// last ended, so a clock moved past the retention while a slow sweep ran
+// was only seen an interval after that: a black-box test on a busy
+// Postgres waited for a deletion that never came.)
+func TestSweepAfterClockMovedDuringSweep(t *testing.T) {
+	s := &slowSweep{entered: make(chan struct{}), gate: make(chan struct{})}
+	fx := newFixture(t, withConfig(func(c *Config) { c.Retention = time.Hour; c.CleanupInterval = time.Minute }),
+		func(o *Options) { s.Store = o.Store; o.Store = s })
+	e, _ := fx.start("a1")
+	if err := fx.k.CancelExecution(fx.ctx, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(fx.ctx)
+	stopped := make(chan struct{})
+	go func() { fx.k.RunWorkers(ctx); close(stopped) }()
+	defer func() { cancel(); <-stopped }()
+
+	<-s.entered
+	fx.clk.Advance(2 * time.Hour) // while the first sweep runs
+	close(s.gate)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := fx.k.store.Read().Execution(fx.ctx, e.ID); errors.Is(err, store.ErrNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the execution, past the retention since the clock moved during a sweep, was not deleted within 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
