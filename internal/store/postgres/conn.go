@@ -100,13 +100,7 @@ func (c *opConn) QueryRows(ctx context.Context, reads ...sqlstore.RowQuery) []sq
 		}
 		return out
 	}
-	held := c.pending
-	c.pending = nil
-	roundTrip()
-	batch := &pgx.Batch{}
-	for _, w := range held {
-		batch.Queue(w.query, w.args...)
-	}
+	held, batch := c.startBatch()
 	for _, r := range reads {
 		batch.Queue(r.Query, r.Args...)
 	}
@@ -132,6 +126,19 @@ func (c *opConn) QueryRows(ctx context.Context, reads ...sqlstore.RowQuery) []sq
 		}
 	}
 	return out
+}
+
+// startBatch begins a round trip: a batch holding the held writes, which
+// it takes.
+func (c *opConn) startBatch() ([]*heldWrite, *pgx.Batch) {
+	held := c.pending
+	c.pending = nil
+	roundTrip()
+	batch := &pgx.Batch{}
+	for _, w := range held {
+		batch.Queue(w.query, w.args...)
+	}
+	return held, batch
 }
 
 // execHeld reads the answers to the held writes at the head of a batch and
@@ -199,13 +206,7 @@ func (c *opConn) flush(ctx context.Context, final string) error {
 	if c.err != nil || (len(c.pending) == 0 && final == "") {
 		return c.err
 	}
-	held := c.pending
-	c.pending = nil
-	roundTrip()
-	batch := &pgx.Batch{}
-	for _, w := range held {
-		batch.Queue(w.query, w.args...)
-	}
+	held, batch := c.startBatch()
 	if final != "" {
 		batch.Queue(final)
 	}
