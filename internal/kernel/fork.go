@@ -415,12 +415,17 @@ func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) i
 		}
 		return rows[i].CoveredSeq < rows[j].CoveredSeq
 	})
+	// Their kept counts are the fork's own: known for a fork that copies
+	// (its log up to them is appended in this operation), 0 for one that
+	// reads in place, which keeps no marks.
 	var mapped []*store.Checkpoint
 	for _, row := range rows {
 		m := &store.Checkpoint{ExecutionID: e.ID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
 			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
+		m.CoveredKept = o.keptAfter(m.CoveredSeq)
 		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= p.at {
 			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
+			m.InvalidatedKept = o.keptAfter(m.InvalidatedSeq)
 		}
 		if n := len(mapped); n > 0 && mapped[n-1].Key == m.Key && mapped[n-1].CoveredSeq == m.CoveredSeq {
 			mapped[n-1] = m

@@ -205,7 +205,14 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		t.Fatalf("fork checkpoints %+v, want %+v", gotRows, wantRows)
 	}
 	for i := range gotRows {
-		if *gotRows[i] != *wantRows[i] {
+		// The kept counts are the fork's own: none in place (it keeps no
+		// marks), else marksCheck holds them against its log below.
+		got := *gotRows[i]
+		if f.ForkInPlace && got.CoveredKept+got.InvalidatedKept != 0 {
+			t.Fatalf("fork checkpoint %d of an in-place fork: %+v, want no kept counts", i, gotRows[i])
+		}
+		got.CoveredKept, got.InvalidatedKept = 0, 0
+		if got != *wantRows[i] {
 			t.Fatalf("fork checkpoint %d: %+v, want %+v", i, gotRows[i], wantRows[i])
 		}
 	}
@@ -288,6 +295,9 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		}
 	}
 	ruInvariant(t, fx, f.ID)
+	if !f.ForkInPlace {
+		marksCheck(t, fx, f.ID)
+	}
 	return f
 }
 
@@ -713,11 +723,20 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 	}
 	body := []byte(`"` + strings.Repeat("b", bodyBytes-2) + `"`)
 	const chunk = 1000
+	// kept is the kept count after the last event (store.Checkpoint), 0
+	// without marks.
+	kept := func() int64 {
+		if e.Mark == nil {
+			return 0
+		}
+		return e.Mark.Kept
+	}
 	var open *store.Checkpoint
 	for lo := 0; lo < n; lo += chunk {
 		evs = evs[:0]
 		var steps []*store.Step
 		var rows []*store.Checkpoint
+		closeSeq, closeKept := int64(0), int64(0) // the start closing the row the previous chunk left open
 		for i := lo; i < min(lo+chunk, n); i++ {
 			s := &store.Step{ExecutionID: id, StepID: identity.StepID(id, wire.KindToolCall, "write", argsHash, int64(i)),
 				Kind: wire.KindToolCall, Target: "write", ArgsHash: argsHash, Occurrence: int64(i), Status: wire.StepSucceeded,
@@ -735,14 +754,17 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 			emit(wire.EventStepExecuting, p().Strings("resources", []string{"workspace"}).Raw("generations",
 				(&jsonx.Object{}).Int("workspace", res.Generation).Bytes()))
 			if open != nil {
-				open.InvalidatedSeq = e.LastSeq
+				open.InvalidatedSeq, open.InvalidatedKept = e.LastSeq, kept()
 				open = nil
+			}
+			if i == lo {
+				closeSeq, closeKept = e.LastSeq, kept()
 			}
 			emit(wire.EventStepSucceeded, p())
 			s.TerminalSeq = e.LastSeq
 			if int64(i+1)%every == 0 {
 				open = &store.Checkpoint{ExecutionID: id, Key: "workspace", CoveredSeq: e.LastSeq, Generation: res.Generation,
-					CheckpointRef: fmt.Sprintf("snap-%d", i)}
+					CheckpointRef: fmt.Sprintf("snap-%d", i), CoveredKept: kept()}
 				emit(EventResourceCheckpointed, (&jsonx.Object{}).String("key", "workspace").Int("generation", res.Generation).
 					String("checkpoint_ref", open.CheckpointRef).Int("covered_seq", open.CoveredSeq))
 				rows = append(rows, open)
@@ -758,7 +780,7 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 					return err
 				}
 			}
-			if err := tx.InvalidateCheckpoints(ctx, id, "workspace", steps[0].TerminalSeq-1); err != nil {
+			if err := tx.InvalidateCheckpoints(ctx, id, "workspace", closeSeq, closeKept); err != nil {
 				return err
 			}
 			for _, c := range rows {
