@@ -220,18 +220,21 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 		}
 	}
 	if ip != nil {
-		// The seqs the copies carry, mapped now: writing reads nothing.
+		// The seqs the copies carry, mapped now: writing reads nothing. A
+		// resource's seq is mapped through the mark of the run holding it;
+		// a checkpoint's by arithmetic on the kept counts its row keeps,
+		// unless the row was written before rows kept them (0).
 		for _, r := range p.resources {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq); err != nil {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq, 0); err != nil {
 				return nil, err
 			}
 		}
 		for _, c := range p.checkpoints {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq); err != nil {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq, c.CoveredKept); err != nil {
 				return nil, err
 			}
 			if c.InvalidatedSeq != 0 && c.InvalidatedSeq <= at {
-				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq); err != nil {
+				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq, c.InvalidatedKept); err != nil {
 					return nil, err
 				}
 			}

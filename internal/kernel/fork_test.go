@@ -42,6 +42,17 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 	before := len(srcEvs)
 	so := ruBuild(t, srcEvs)
 	source := fx.exec(src)
+	// An in-place plan maps the copied checkpoints' seqs by arithmetic on
+	// the kept counts their rows keep: the only runs it reads for mapping
+	// are those holding the resources' registrations.
+	plan, err := fx.k.planFork(fx.ctx, source, s)
+	if err != nil {
+		t.Fatalf("plan a fork of %s at %d: %v", src, s, err)
+	}
+	if ip := plan.inPlace; ip != nil && ip.runReads > len(plan.resources) {
+		t.Fatalf("planning a fork of %s at %d read %d runs to map seqs, for %d resources and %d checkpoints",
+			src, s, ip.runReads, len(plan.resources), len(plan.checkpoints))
+	}
 	f, err := fx.k.Fork(fx.ctx, src, ForkRequest{AtSeq: s})
 	if err != nil {
 		t.Fatalf("fork %s at %d: %v", src, s, err)
