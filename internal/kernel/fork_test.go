@@ -449,6 +449,60 @@ func TestForkExampleE(t *testing.T) {
 	}
 }
 
+// TestForkCheckpointsWithoutKeptCounts: checkpoint rows written before
+// rows kept the kept counts of their seqs (0, store.Checkpoint) are mapped
+// through the marks of the runs holding those seqs, to the same fork seqs.
+func TestForkCheckpointsWithoutKeptCounts(t *testing.T) {
+	var path string
+	fx := newFixture(t, func(o *Options) { path = o.Store.(*sqlite.Store).Path() })
+	p, _ := fkExampleE(t, fx)
+	last := fx.lastSeq(p.id)
+	rowsOf := func(f *store.Execution) []store.Checkpoint {
+		rows, err := fx.k.store.Read().Checkpoints(fx.ctx, f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []store.Checkpoint
+		for _, r := range rows {
+			r.ExecutionID = ""
+			out = append(out, *r)
+		}
+		return out
+	}
+	fork := func(at int64) *store.Execution {
+		f, err := fx.k.Fork(fx.ctx, p.id, ForkRequest{AtSeq: at})
+		if err != nil || !f.ForkInPlace {
+			t.Fatalf("fork at %d: %v", at, err)
+		}
+		return f
+	}
+	var with [][]store.Checkpoint
+	for at := int64(1); at <= last; at++ {
+		with = append(with, rowsOf(fork(at)))
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.ToSlash(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := db.Exec(`UPDATE checkpoints SET covered_kept = 0, invalidated_kept = 0 WHERE execution_id = ?`, p.id)
+	if n, _ := res.RowsAffected(); err != nil || n == 0 {
+		t.Fatalf("forget the kept counts: %d rows, %v", n, err)
+	}
+	for at := int64(1); at <= last; at++ {
+		plan, err := fx.k.planFork(fx.ctx, fx.exec(p.id), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(plan.checkpoints) > 0 && plan.inPlace.runReads <= len(plan.resources) {
+			t.Fatalf("at %d: %d runs read for %d resources and %d checkpoints", at, plan.inPlace.runReads, len(plan.resources), len(plan.checkpoints))
+		}
+		if got := rowsOf(fork(at)); !reflect.DeepEqual(got, with[at-1]) {
+			t.Fatalf("fork at %d without kept counts: checkpoints %+v, with them %+v", at, got, with[at-1])
+		}
+	}
+}
+
 // TestForkCheckpointDedupe: two checkpoints of a key that map to one
 // position keep the later one (docs/protocol/forks.md §2).
 func TestForkCheckpointDedupe(t *testing.T) {
