@@ -117,6 +117,31 @@ func BenchmarkFork10000(b *testing.B) {
 	}
 }
 
+// BenchmarkForkCheckpoints measures an in-place fork at the last event of a
+// 100,000-step history written through the store (fkLarge: a resource
+// declared by every step), with 10 and with 1,000 checkpoints: every copied
+// checkpoint's seqs are mapped to the fork's numbering while planning. The
+// results are small; a fork shares them and never reads them.
+func BenchmarkForkCheckpoints(b *testing.B) {
+	for _, ckpts := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("steps=100000/checkpoints=%d", ckpts), func(b *testing.B) {
+			ctx := context.Background()
+			k, st, _, _ := benchExecution(b, b.TempDir()+"/fork.db")
+			id := fkLarge(b, st, "a", 100000, 64, ckpts, true)
+			src, err := st.Read().Execution(ctx, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				f, err := k.Fork(ctx, id, ForkRequest{AtSeq: src.LastSeq})
+				if err != nil || !f.ForkInPlace {
+					b.Fatalf("fork: %v (in place: %v)", err, err == nil && f.ForkInPlace)
+				}
+			}
+		})
+	}
+}
+
 // benchExecution opens a store at path with a kernel on it, and an execution
 // of agent "a" whose first dispatch is claimed.
 func benchExecution(b testing.TB, path string) (*Kernel, *sqlite.Store, *store.Execution, DispatchHeaders) {

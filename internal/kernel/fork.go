@@ -220,18 +220,21 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 		}
 	}
 	if ip != nil {
-		// The seqs the copies carry, mapped now: writing reads nothing.
+		// The seqs the copies carry, mapped now: writing reads nothing. A
+		// resource's seq is mapped through the mark of the run holding it;
+		// a checkpoint's by arithmetic on the kept counts its row keeps,
+		// unless the row was written before rows kept them (0).
 		for _, r := range p.resources {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq); err != nil {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq, 0); err != nil {
 				return nil, err
 			}
 		}
 		for _, c := range p.checkpoints {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq); err != nil {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq, c.CoveredKept); err != nil {
 				return nil, err
 			}
 			if c.InvalidatedSeq != 0 && c.InvalidatedSeq <= at {
-				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq); err != nil {
+				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq, c.InvalidatedKept); err != nil {
 					return nil, err
 				}
 			}
@@ -415,12 +418,17 @@ func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) i
 		}
 		return rows[i].CoveredSeq < rows[j].CoveredSeq
 	})
+	// Their kept counts are the fork's own: known for a fork that copies
+	// (its log up to them is appended in this operation), 0 for one that
+	// reads in place, which keeps no marks.
 	var mapped []*store.Checkpoint
 	for _, row := range rows {
 		m := &store.Checkpoint{ExecutionID: e.ID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
 			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
+		m.CoveredKept = o.keptAfter(m.CoveredSeq)
 		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= p.at {
 			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
+			m.InvalidatedKept = o.keptAfter(m.InvalidatedSeq)
 		}
 		if n := len(mapped); n > 0 && mapped[n-1].Key == m.Key && mapped[n-1].CoveredSeq == m.CoveredSeq {
 			mapped[n-1] = m

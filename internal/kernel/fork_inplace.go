@@ -51,6 +51,7 @@ type inPlacePlan struct {
 	excluded    *exclusions
 	mark        *store.Mark     // the source's mark after `at`
 	mapped      map[int64]int64 // source seq → fork seq, for the seqs the fork's copies carry
+	runReads    int             // runs mapSeq read (a test counts them)
 }
 
 // planInPlace finds what an in-place fork of source at `at` keeps, or nil
@@ -193,28 +194,40 @@ func markAfter(ctx context.Context, rd store.Reader, id string, seq int64) (*sto
 
 // mapSeq maps a source seq x ≤ at to the fork's numbering: the fork seq of
 // the last kept event at or before x, or 2 when none is
-// (docs/protocol/forks.md §3), from the mark after x.
-func (p *inPlacePlan) mapSeq(ctx context.Context, rd store.Reader, sourceID string, x int64) (int64, error) {
+// (docs/protocol/forks.md §3), from the source's kept count after x. kept is
+// that count when the caller knows it (a checkpoint row keeps it), else 0,
+// and the mark after x is read from the run holding it.
+func (p *inPlacePlan) mapSeq(ctx context.Context, rd store.Reader, sourceID string, x, kept int64) (int64, error) {
 	if x < 1 {
 		return 0, nil
 	}
 	if y, ok := p.mapped[x]; ok {
 		return y, nil
 	}
-	m, ok, err := markAfter(ctx, rd, sourceID, x)
-	if err != nil {
-		return 0, err
+	if kept == 0 {
+		m, ok, err := markAfter(ctx, rd, sourceID, x)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return 0, fmt.Errorf("no mark at seq %d of %s", x, sourceID)
+		}
+		p.runReads++
+		kept = m.Kept
 	}
-	if !ok {
-		return 0, fmt.Errorf("no mark at seq %d of %s", x, sourceID)
-	}
-	y := forkSeq(m, p.excluded, x)
+	y := forkSeqKept(kept, p.excluded, x)
 	p.mapped[x] = y
 	return y, nil
 }
 
-// forkSeq is the fork's seq of source seq x, from the source's mark after x:
-// position 2 plus the kept events up to x (docs/protocol/forks.md §3).
+// forkSeq is the fork's seq of source seq x, from the source's mark after x.
 func forkSeq(after *store.Mark, x *exclusions, seq int64) int64 {
-	return 2 + after.Kept - int64(sort.Search(len(x.Seqs), func(i int) bool { return x.Seqs[i] > seq }))
+	return forkSeqKept(after.Kept, x, seq)
+}
+
+// forkSeqKept is the fork's seq of source seq x, from the source's count of
+// keepable events up to x: position 2 plus those the fork keeps
+// (docs/protocol/forks.md §3).
+func forkSeqKept(kept int64, x *exclusions, seq int64) int64 {
+	return 2 + kept - int64(sort.Search(len(x.Seqs), func(i int) bool { return x.Seqs[i] > seq }))
 }

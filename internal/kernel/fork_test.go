@@ -42,6 +42,17 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 	before := len(srcEvs)
 	so := ruBuild(t, srcEvs)
 	source := fx.exec(src)
+	// An in-place plan maps the copied checkpoints' seqs by arithmetic on
+	// the kept counts their rows keep: the only runs it reads for mapping
+	// are those holding the resources' registrations.
+	plan, err := fx.k.planFork(fx.ctx, source, s)
+	if err != nil {
+		t.Fatalf("plan a fork of %s at %d: %v", src, s, err)
+	}
+	if ip := plan.inPlace; ip != nil && ip.runReads > len(plan.resources) {
+		t.Fatalf("planning a fork of %s at %d read %d runs to map seqs, for %d resources and %d checkpoints",
+			src, s, ip.runReads, len(plan.resources), len(plan.checkpoints))
+	}
 	f, err := fx.k.Fork(fx.ctx, src, ForkRequest{AtSeq: s})
 	if err != nil {
 		t.Fatalf("fork %s at %d: %v", src, s, err)
@@ -205,7 +216,14 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		t.Fatalf("fork checkpoints %+v, want %+v", gotRows, wantRows)
 	}
 	for i := range gotRows {
-		if *gotRows[i] != *wantRows[i] {
+		// The kept counts are the fork's own: none in place (it keeps no
+		// marks), else marksCheck holds them against its log below.
+		got := *gotRows[i]
+		if f.ForkInPlace && got.CoveredKept+got.InvalidatedKept != 0 {
+			t.Fatalf("fork checkpoint %d of an in-place fork: %+v, want no kept counts", i, gotRows[i])
+		}
+		got.CoveredKept, got.InvalidatedKept = 0, 0
+		if got != *wantRows[i] {
 			t.Fatalf("fork checkpoint %d: %+v, want %+v", i, gotRows[i], wantRows[i])
 		}
 	}
@@ -288,6 +306,9 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		}
 	}
 	ruInvariant(t, fx, f.ID)
+	if !f.ForkInPlace {
+		marksCheck(t, fx, f.ID)
+	}
 	return f
 }
 
@@ -425,6 +446,60 @@ func TestForkExampleE(t *testing.T) {
 	}
 	if !slices.Equal(ids, []string{f18.ID, f13.ID, f7.ID}) {
 		t.Fatalf("F's forks %v", ids)
+	}
+}
+
+// TestForkCheckpointsWithoutKeptCounts: checkpoint rows written before
+// rows kept the kept counts of their seqs (0, store.Checkpoint) are mapped
+// through the marks of the runs holding those seqs, to the same fork seqs.
+func TestForkCheckpointsWithoutKeptCounts(t *testing.T) {
+	var path string
+	fx := newFixture(t, func(o *Options) { path = o.Store.(*sqlite.Store).Path() })
+	p, _ := fkExampleE(t, fx)
+	last := fx.lastSeq(p.id)
+	rowsOf := func(f *store.Execution) []store.Checkpoint {
+		rows, err := fx.k.store.Read().Checkpoints(fx.ctx, f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []store.Checkpoint
+		for _, r := range rows {
+			r.ExecutionID = ""
+			out = append(out, *r)
+		}
+		return out
+	}
+	fork := func(at int64) *store.Execution {
+		f, err := fx.k.Fork(fx.ctx, p.id, ForkRequest{AtSeq: at})
+		if err != nil || !f.ForkInPlace {
+			t.Fatalf("fork at %d: %v", at, err)
+		}
+		return f
+	}
+	var with [][]store.Checkpoint
+	for at := int64(1); at <= last; at++ {
+		with = append(with, rowsOf(fork(at)))
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.ToSlash(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := db.Exec(`UPDATE checkpoints SET covered_kept = 0, invalidated_kept = 0 WHERE execution_id = ?`, p.id)
+	if n, _ := res.RowsAffected(); err != nil || n == 0 {
+		t.Fatalf("forget the kept counts: %d rows, %v", n, err)
+	}
+	for at := int64(1); at <= last; at++ {
+		plan, err := fx.k.planFork(fx.ctx, fx.exec(p.id), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(plan.checkpoints) > 0 && plan.inPlace.runReads <= len(plan.resources) {
+			t.Fatalf("at %d: %d runs read for %d resources and %d checkpoints", at, plan.inPlace.runReads, len(plan.resources), len(plan.checkpoints))
+		}
+		if got := rowsOf(fork(at)); !reflect.DeepEqual(got, with[at-1]) {
+			t.Fatalf("fork at %d without kept counts: checkpoints %+v, with them %+v", at, got, with[at-1])
+		}
 	}
 }
 
@@ -713,11 +788,20 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 	}
 	body := []byte(`"` + strings.Repeat("b", bodyBytes-2) + `"`)
 	const chunk = 1000
+	// kept is the kept count after the last event (store.Checkpoint), 0
+	// without marks.
+	kept := func() int64 {
+		if e.Mark == nil {
+			return 0
+		}
+		return e.Mark.Kept
+	}
 	var open *store.Checkpoint
 	for lo := 0; lo < n; lo += chunk {
 		evs = evs[:0]
 		var steps []*store.Step
 		var rows []*store.Checkpoint
+		closeSeq, closeKept := int64(0), int64(0) // the start closing the row the previous chunk left open
 		for i := lo; i < min(lo+chunk, n); i++ {
 			s := &store.Step{ExecutionID: id, StepID: identity.StepID(id, wire.KindToolCall, "write", argsHash, int64(i)),
 				Kind: wire.KindToolCall, Target: "write", ArgsHash: argsHash, Occurrence: int64(i), Status: wire.StepSucceeded,
@@ -735,14 +819,17 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 			emit(wire.EventStepExecuting, p().Strings("resources", []string{"workspace"}).Raw("generations",
 				(&jsonx.Object{}).Int("workspace", res.Generation).Bytes()))
 			if open != nil {
-				open.InvalidatedSeq = e.LastSeq
+				open.InvalidatedSeq, open.InvalidatedKept = e.LastSeq, kept()
 				open = nil
+			}
+			if i == lo {
+				closeSeq, closeKept = e.LastSeq, kept()
 			}
 			emit(wire.EventStepSucceeded, p())
 			s.TerminalSeq = e.LastSeq
 			if int64(i+1)%every == 0 {
 				open = &store.Checkpoint{ExecutionID: id, Key: "workspace", CoveredSeq: e.LastSeq, Generation: res.Generation,
-					CheckpointRef: fmt.Sprintf("snap-%d", i)}
+					CheckpointRef: fmt.Sprintf("snap-%d", i), CoveredKept: kept()}
 				emit(EventResourceCheckpointed, (&jsonx.Object{}).String("key", "workspace").Int("generation", res.Generation).
 					String("checkpoint_ref", open.CheckpointRef).Int("covered_seq", open.CoveredSeq))
 				rows = append(rows, open)
@@ -758,7 +845,7 @@ func fkLarge(t testing.TB, st store.Store, agentID string, n, bodyBytes, ckpts i
 					return err
 				}
 			}
-			if err := tx.InvalidateCheckpoints(ctx, id, "workspace", steps[0].TerminalSeq-1); err != nil {
+			if err := tx.InvalidateCheckpoints(ctx, id, "workspace", closeSeq, closeKept); err != nil {
 				return err
 			}
 			for _, c := range rows {

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"sort"
 	"strings"
 
 	"github.com/rebuno/rebuno/internal/jsonx"
@@ -145,4 +146,21 @@ func markThrough(run *store.EventRun, seq int64) (*store.Mark, error) {
 		}
 	}
 	return m, nil
+}
+
+// keptAfter is the Kept of the execution's mark after its event at seq, one
+// this operation appended: what a checkpoint row keeps of its seqs
+// (store.Checkpoint). 0 when unknown: the execution keeps no marks, or the
+// event at seq is not one of this operation's.
+func (o *op) keptAfter(seq int64) int64 {
+	i := sort.Search(len(o.events), func(i int) bool { return o.events[i].Seq >= seq })
+	if i == len(o.events) || o.events[i].Seq != seq || o.events[i].Mark == nil {
+		return 0
+	}
+	ev := o.events[i]
+	m, err := advanceMark(ev.Mark, ev.Type, ev.Payload)
+	if err != nil {
+		return 0
+	}
+	return m.Kept
 }

@@ -13,7 +13,8 @@ import (
 // a pass over the log written here from docs/protocol/forks.md alone: at
 // every seq, the mark after it counts the keepable events and the copyable
 // closes up to it, and holds each key's generation there (docs/protocol/forks.md §2, "the
-// generation of k at s").
+// generation of k at s"). Every checkpoint row keeps the kept count after
+// its covered and invalidated seqs (store.Checkpoint), never 0 here.
 func marksCheck(t *testing.T, fx *fixture, id string) {
 	t.Helper()
 	evs := fx.events(id)
@@ -21,6 +22,7 @@ func marksCheck(t *testing.T, fx *fixture, id string) {
 		t.Fatalf("%s has no mark", id)
 	}
 	var kept, closed int64
+	keptAfter := map[int64]int64{}
 	gens := map[string]int64{}
 	for _, ev := range evs {
 		var p struct {
@@ -36,6 +38,7 @@ func marksCheck(t *testing.T, fx *fixture, id string) {
 			ev.Type == EventResourceRegistered || ev.Type == EventResourceInitialized {
 			kept++
 		}
+		keptAfter[ev.Seq] = kept
 		switch ev.Type {
 		case wire.EventStepSucceeded, wire.EventStepFailed:
 			closed++
@@ -65,5 +68,15 @@ func marksCheck(t *testing.T, fx *fixture, id string) {
 	}
 	if m := fx.exec(id).Mark; m.Kept != kept || m.Closed != closed {
 		t.Fatalf("the execution's mark %+v, the log says kept %d closed %d", m, kept, closed)
+	}
+	rows, err := fx.k.store.Read().Checkpoints(fx.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rows {
+		want := [2]int64{keptAfter[c.CoveredSeq], keptAfter[c.InvalidatedSeq]} // keptAfter[0] is 0: open
+		if got := [2]int64{c.CoveredKept, c.InvalidatedKept}; got != want || c.CoveredKept == 0 || c.InvalidatedSeq != 0 && c.InvalidatedKept == 0 {
+			t.Fatalf("checkpoint %+v: kept counts %v, the log says %v", c, got, want)
+		}
 	}
 }

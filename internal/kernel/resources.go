@@ -317,13 +317,16 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 			o.tx.AfterCommit(func() { m.CheckpointFailures.WithLabelValues(refusal).Inc() })
 			continue
 		}
-		row := &store.Checkpoint{ExecutionID: o.e.ID, Key: r.Key, CoveredSeq: firstSeq, Generation: cp.Generation, CheckpointRef: cp.Ref}
-		if err := o.tx.InsertCheckpoint(o.ctx, row); err != nil {
-			return fmt.Errorf("insert checkpoint: %w", err)
-		}
 		o.e.ByteCount += int64(len(cp.Ref))
 		o.emit(EventResourceCheckpointed, (&jsonx.Object{}).String("key", r.Key).Int("generation", cp.Generation).
 			String("checkpoint_ref", cp.Ref).Int("covered_seq", firstSeq))
+		// The event at firstSeq is appended by now: this one when it is
+		// the operation's first.
+		row := &store.Checkpoint{ExecutionID: o.e.ID, Key: r.Key, CoveredSeq: firstSeq, Generation: cp.Generation, CheckpointRef: cp.Ref,
+			CoveredKept: o.keptAfter(firstSeq)}
+		if err := o.tx.InsertCheckpoint(o.ctx, row); err != nil {
+			return fmt.Errorf("insert checkpoint: %w", err)
+		}
 		r.StartsSinceCheckpoint = 0
 		if err := o.tx.UpdateResource(o.ctx, r); err != nil {
 			return fmt.Errorf("reset resource counter: %w", err)
@@ -416,6 +419,12 @@ func (o *op) liveStart(s *store.Step, p *jsonx.Object) ([]ResourceEntry, error) 
 		return nil, fmt.Errorf("read resources: %w", err)
 	}
 	seq := o.e.LastSeq + 1 // the step.executing the caller appends next
+	// The kept count after it (store.Checkpoint): a step.executing is
+	// keepable, and nothing is appended before it.
+	kept := int64(0)
+	if m := o.e.Mark; m != nil && keepable(wire.EventStepExecuting) {
+		kept = m.Kept + 1
+	}
 	affecting := s.Kind != wire.KindLLMCall
 	byKey := make(map[string]*store.Resource, len(resources))
 	raised := map[string]bool{}
@@ -427,7 +436,7 @@ func (o *op) liveStart(s *store.Step, p *jsonx.Object) ([]ResourceEntry, error) 
 			r.Generation++
 			raised[r.Key] = true
 			gens.Int(r.Key, r.Generation)
-			if err := o.tx.InvalidateCheckpoints(o.ctx, o.e.ID, r.Key, seq); err != nil {
+			if err := o.tx.InvalidateCheckpoints(o.ctx, o.e.ID, r.Key, seq, kept); err != nil {
 				return nil, fmt.Errorf("close checkpoints: %w", err)
 			}
 		}

@@ -230,8 +230,9 @@ type Tx interface {
 	// UpdateResource writes generation, binding and the start counter.
 	UpdateResource(ctx context.Context, r *Resource) error
 	InsertCheckpoint(ctx context.Context, c *Checkpoint) error
-	// InvalidateCheckpoints closes the open checkpoints of key at seq.
-	InvalidateCheckpoints(ctx context.Context, executionID, key string, seq int64) error
+	// InvalidateCheckpoints closes the open checkpoints of key at seq,
+	// whose kept count (Checkpoint.InvalidatedKept) is kept.
+	InvalidateCheckpoints(ctx context.Context, executionID, key string, seq, kept int64) error
 	DeleteIdempotencyBefore(ctx context.Context, before time.Time) error
 
 	// InsertAPIKey stores a new key; ErrExists when its name is taken.
@@ -390,13 +391,24 @@ type Resource struct {
 }
 
 // Checkpoint is an accepted capture of a resource.
+//
+// CoveredKept and InvalidatedKept are the execution's mark's Kept after the
+// event at CoveredSeq and at InvalidatedSeq: the keepable events up to it
+// (docs/protocol/forks.md §3), so that a fork reading the execution in place
+// maps those seqs to its own numbering without reading the log. 0 is
+// unknown: a row written before they were kept, or by an execution without
+// marks. The true value is never 0: a checkpoint follows a keepable event
+// of its resource (its resource.registered, or in a fork the copy of it or
+// the fork's resource.initialized).
 type Checkpoint struct {
-	ExecutionID    string
-	Key            string
-	CoveredSeq     int64
-	Generation     int64
-	CheckpointRef  string
-	InvalidatedSeq int64 // 0 while open
+	ExecutionID     string
+	Key             string
+	CoveredSeq      int64
+	Generation      int64
+	CheckpointRef   string
+	InvalidatedSeq  int64 // 0 while open
+	CoveredKept     int64 // 0 when unknown
+	InvalidatedKept int64 // 0 when unknown or open
 }
 
 // Dispatch is the stored dispatch row (docs/protocol/dispatch.md §1).

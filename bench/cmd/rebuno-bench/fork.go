@@ -102,7 +102,7 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 		evs = evs[:0]
 		var steps []*store.Step
 		var rows []*store.Checkpoint
-		closeWritten := int64(0) // a start closing a row an earlier transaction wrote
+		closeWritten, closeKept := int64(0), int64(0) // a start closing a row an earlier transaction wrote, and its kept count
 		for i := lo; i < min(lo+chunk, n); i++ {
 			s := &store.Step{ExecutionID: src.id, StepID: identity.StepID(src.id, wire.KindToolCall, forkTarget, argsHash, int64(i)),
 				Kind: wire.KindToolCall, Target: forkTarget, ArgsHash: argsHash, Occurrence: int64(i), Status: wire.StepSucceeded,
@@ -123,18 +123,20 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 			emit(wire.EventStepExecuting, p().Strings("resources", []string{forkKey}).Raw("generations",
 				(&jsonx.Object{}).Int(forkKey, res.Generation).Bytes()))
 			if open != nil {
-				open.InvalidatedSeq = e.LastSeq
+				open.InvalidatedSeq, open.InvalidatedKept = e.LastSeq, e.Mark.Kept
 				if openWritten {
-					closeWritten = e.LastSeq
+					closeWritten, closeKept = e.LastSeq, e.Mark.Kept
 				}
 				open = nil
 			}
 			emit(wire.EventStepSucceeded, p())
 			s.TerminalSeq = e.LastSeq
 			if (i+1)%every == 0 && made < ckpts {
-				// A capture accepted with this step's outcome.
+				// A capture accepted with this step's outcome. Its row keeps
+				// the kept count after each of its seqs (the mark's Kept after
+				// the event), as the kernel's rows do (store.Checkpoint).
 				c := &store.Checkpoint{ExecutionID: src.id, Key: forkKey, CoveredSeq: e.LastSeq, Generation: res.Generation,
-					CheckpointRef: fmt.Sprintf("sha256:%064x", i)}
+					CheckpointRef: fmt.Sprintf("sha256:%064x", i), CoveredKept: e.Mark.Kept}
 				emit("resource.checkpointed", (&jsonx.Object{}).String("key", forkKey).Int("generation", c.Generation).
 					String("checkpoint_ref", c.CheckpointRef).Int("covered_seq", c.CoveredSeq))
 				rows = append(rows, c)
@@ -146,7 +148,7 @@ func insertForkSource(st store.Store, agentID string, n, body, ckpts int) (*fork
 		}
 		err := st.Update(ctx, src.id, func(ctx context.Context, tx store.Tx) error {
 			if closeWritten != 0 {
-				if err := tx.InvalidateCheckpoints(ctx, src.id, forkKey, closeWritten); err != nil {
+				if err := tx.InvalidateCheckpoints(ctx, src.id, forkKey, closeWritten, closeKept); err != nil {
 					return err
 				}
 			}

@@ -186,3 +186,40 @@ func TestMigrationSevenListsWriters(t *testing.T) {
 		t.Error("steps_writing is still there")
 	}
 }
+
+// TestMigrationTenKeepsCheckpoints upgrades a version 9 database, whose
+// checkpoint rows kept no kept counts: each reads back as it was, with both
+// counts 0 (unknown, store.Checkpoint), and a new row keeps its own.
+func TestMigrationTenKeepsCheckpoints(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "rebuno.db")
+	old := openAtVersion(t, path, 9)
+	if _, err := old.Exec(`INSERT INTO checkpoints (execution_id, key, covered_seq, generation, checkpoint_ref, invalidated_seq)
+ VALUES ('e1', 'w', 7, 2, 'B0', 10), ('e1', 'w', 12, 3, 'B1', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	s := openAt(t, path, nil)
+	fresh := &store.Checkpoint{ExecutionID: "e1", Key: "w", CoveredSeq: 20, Generation: 4, CheckpointRef: "B2", CoveredKept: 15}
+	if err := s.Update(ctx, "e1", func(ctx context.Context, tx store.Tx) error { return tx.InsertCheckpoint(ctx, fresh) }); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Read().Checkpoints(ctx, "e1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.Checkpoint{
+		{ExecutionID: "e1", Key: "w", CoveredSeq: 7, Generation: 2, CheckpointRef: "B0", InvalidatedSeq: 10},
+		{ExecutionID: "e1", Key: "w", CoveredSeq: 12, Generation: 3, CheckpointRef: "B1"},
+		*fresh,
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("%d checkpoints after the upgrade, want %d", len(rows), len(want))
+	}
+	for i, r := range rows {
+		if *r != want[i] {
+			t.Errorf("checkpoint %d after the upgrade: %+v, want %+v", i, r, want[i])
+		}
+	}
+}

@@ -317,4 +317,12 @@ ALTER TABLE event_runs ADD COLUMN mark_generations BLOB;
 ALTER TABLE steps ADD COLUMN submitted_seq INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX executions_read_in_place ON executions (forked_from) WHERE fork_in_place = 1;
 `,
+	// The kept count after each checkpoint's covered and invalidated seqs
+	// (docs/architecture.md, "Forks"): a fork reading its source in place
+	// maps them to its numbering without reading the log. 0 on rows written
+	// before.
+	`
+ALTER TABLE checkpoints ADD COLUMN covered_kept INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE checkpoints ADD COLUMN invalidated_kept INTEGER NOT NULL DEFAULT 0;
+`,
 }

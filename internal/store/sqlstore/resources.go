@@ -47,11 +47,11 @@ func (t *Tx) UpdateResource(ctx context.Context, r *store.Resource) error {
 		r.Generation, r.Binding, r.StartsSinceCheckpoint, r.ExecutionID, r.Key)
 }
 
-const checkpointCols = `execution_id, key, covered_seq, generation, checkpoint_ref, invalidated_seq`
+const checkpointCols = `execution_id, key, covered_seq, generation, checkpoint_ref, invalidated_seq, covered_kept, invalidated_kept`
 
 func scanCheckpoint(s scanner) (*store.Checkpoint, error) {
 	var c store.Checkpoint
-	err := s.Scan(&c.ExecutionID, &c.Key, &c.CoveredSeq, &c.Generation, &c.CheckpointRef, &c.InvalidatedSeq)
+	err := s.Scan(&c.ExecutionID, &c.Key, &c.CoveredSeq, &c.Generation, &c.CheckpointRef, &c.InvalidatedSeq, &c.CoveredKept, &c.InvalidatedKept)
 	return &c, err
 }
 
@@ -69,11 +69,11 @@ func (q *Queries) CheckpointAt(ctx context.Context, executionID, key string, seq
 }
 
 func (t *Tx) InsertCheckpoint(ctx context.Context, c *store.Checkpoint) error {
-	return t.exec(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?)`,
-		c.ExecutionID, c.Key, c.CoveredSeq, c.Generation, c.CheckpointRef, c.InvalidatedSeq)
+	return t.exec(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?)`,
+		c.ExecutionID, c.Key, c.CoveredSeq, c.Generation, c.CheckpointRef, c.InvalidatedSeq, c.CoveredKept, c.InvalidatedKept)
 }
 
-func (t *Tx) InvalidateCheckpoints(ctx context.Context, executionID, key string, seq int64) error {
-	return t.exec(ctx, `UPDATE checkpoints SET invalidated_seq = ? WHERE execution_id = ? AND key = ? AND invalidated_seq = 0`,
-		seq, executionID, key)
+func (t *Tx) InvalidateCheckpoints(ctx context.Context, executionID, key string, seq, kept int64) error {
+	return t.exec(ctx, `UPDATE checkpoints SET invalidated_seq = ?, invalidated_kept = ? WHERE execution_id = ? AND key = ? AND invalidated_seq = 0`,
+		seq, kept, executionID, key)
 }

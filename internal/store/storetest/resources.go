@@ -87,8 +87,10 @@ func testResources(t *testing.T, s store.Store) {
 
 func testCheckpoints(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	b0 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 7, Generation: 0, CheckpointRef: "B0", InvalidatedSeq: 10}
-	c1 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 15, Generation: 2, CheckpointRef: "C1"}
+	// The kept counts round-trip as written; 0 is a row that knows none.
+	b0 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 7, Generation: 0, CheckpointRef: "B0", InvalidatedSeq: 10,
+		CoveredKept: 5, InvalidatedKept: 8}
+	c1 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 15, Generation: 2, CheckpointRef: "C1", CoveredKept: 11}
 	a1 := &store.Checkpoint{ExecutionID: "exec-c", Key: "a", CoveredSeq: 12, Generation: 1, CheckpointRef: "A1"}
 	ob := &store.Checkpoint{ExecutionID: "exec-o", Key: "b", CoveredSeq: 3, Generation: 0, CheckpointRef: "other"}
 	insertAll(t, s, []*store.Checkpoint{c1, ob, b0, a1}, insertCheckpoint)
@@ -120,21 +122,22 @@ func testCheckpoints(t *testing.T, s store.Store) {
 		same(t, what, got, c.want)
 	}
 	// InvalidateCheckpoints closes the open rows of one key of one
-	// execution, and leaves closed rows as they are.
+	// execution with the seq and its kept count, and leaves closed rows as
+	// they are.
 	update(t, s, "exec-c", func(ctx context.Context, tx store.Tx) error {
-		return tx.InvalidateCheckpoints(ctx, "exec-c", "b", 19)
+		return tx.InvalidateCheckpoints(ctx, "exec-c", "b", 19, 14)
 	})
 	closed := *c1
-	closed.InvalidatedSeq = 19
+	closed.InvalidatedSeq, closed.InvalidatedKept = 19, 14
 	sameList(t, "checkpoints after closing b", val(r.Checkpoints(ctx, "exec-c")).get(t, "Checkpoints"), []*store.Checkpoint{a1, b0, &closed})
 	same(t, "another execution's open row", val(r.CheckpointAt(ctx, "exec-o", "b", 100)).get(t, "CheckpointAt"), ob)
-	b2 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 20, Generation: 3, CheckpointRef: "C1"}
+	b2 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 20, Generation: 3, CheckpointRef: "C1", CoveredKept: 15}
 	var seen []*store.Checkpoint
 	update(t, s, "exec-c", func(ctx context.Context, tx store.Tx) error {
 		if err := tx.InsertCheckpoint(ctx, b2); err != nil {
 			return err
 		}
-		if err := tx.InvalidateCheckpoints(ctx, "exec-c", "b", 25); err != nil {
+		if err := tx.InvalidateCheckpoints(ctx, "exec-c", "b", 25, 20); err != nil {
 			return err
 		}
 		var err error
@@ -142,7 +145,7 @@ func testCheckpoints(t *testing.T, s store.Store) {
 		return err
 	})
 	closed2 := *b2
-	closed2.InvalidatedSeq = 25
+	closed2.InvalidatedSeq, closed2.InvalidatedKept = 25, 20
 	sameList(t, "checkpoints read in the transaction that closed them", seen, []*store.Checkpoint{a1, b0, &closed, &closed2})
 	sameList(t, "checkpoints after closing b again", val(r.Checkpoints(ctx, "exec-c")).get(t, "Checkpoints"), []*store.Checkpoint{a1, b0, &closed, &closed2})
 	// (execution, key, covered_seq) is unique; equal refs are separate rows.
