@@ -253,11 +253,14 @@ func (b *bench) runP2(ctx context.Context) *metricResult {
 	carried := float64(cl.steps) / b.cfg.Duration.Seconds()
 	m.addValue("carried throughput", carried, "steps/s (one step = one submit carrying the previous outcome)")
 	m.addLatency("carried submit under load", cl.sub)
-	if _, _, window := pairCPU.result(); l.steps > 0 && window > 0 {
-		m.addValue("kernel CPU per step, pair", kcpu*window/float64(l.steps)*1e6, "µs of its core")
-	}
-	if ck, _, window := carriedCPU.result(); cl.steps > 0 && window > 0 {
-		m.addValue("kernel CPU per step, carried", ck*window/float64(cl.steps)*1e6, "µs of its core")
+	for _, w := range []struct {
+		name  string
+		cpu   *cpuSampler
+		steps int64
+	}{{"pair", pairCPU, l.steps}, {"carried", carriedCPU, cl.steps}} {
+		if core, _, window := w.cpu.result(); w.steps > 0 && window > 0 {
+			m.addValue("kernel CPU per step, "+w.name, core*window/float64(w.steps)*1e6, "µs of its core")
+		}
 	}
 	if gen >= 0.95 {
 		m.note("the load generator used %.0f%% of its core: throughput may be limited by the generator, not the kernel", 100*gen)

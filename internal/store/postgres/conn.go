@@ -111,9 +111,9 @@ func (c *opConn) QueryRows(ctx context.Context, reads ...sqlstore.RowQuery) []sq
 		for i := range reads {
 			out[i] = bufferRow(conn.TypeMap(), results)
 		}
-		if err := results.Close(); err != nil && first == nil && len(reads) == 0 {
-			first = err
-		}
+		// Each read keeps its own failure, and Close would report a read's
+		// again: only a held write's failure is the transaction's.
+		results.Close()
 		return first
 	})
 	if err != nil {

@@ -95,12 +95,12 @@ func TestRoundTripsPerStep(t *testing.T) {
 	})
 	alone := count(func() (err error) { _, err = submit(""); return err })
 	t.Logf("round trips: carried submit %d, submit %d, complete %d", carried, alone, complete)
-	for _, c := range []struct {
+	for _, op := range []struct {
 		what      string
 		got, want int64
 	}{{"a submit carrying the previous outcome", carried, 6}, {"a submit", alone, 5}, {"a complete", complete, 4}} {
-		if c.got > c.want {
-			t.Errorf("%s made %d round trips, want at most %d", c.what, c.got, c.want)
+		if op.got > op.want {
+			t.Errorf("%s made %d round trips, want at most %d", op.what, op.got, op.want)
 		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 const agentCols = `id, webhook_url, secret, policy_bundle, lease_timeout_seconds, description, input_schema,
  output_schema, registered_at, updated_at`
 
-func scanAgent(s scanner) (*store.Agent, error) {
+func scanAgent(s Scanner) (*store.Agent, error) {
 	var a store.Agent
 	var reg, upd int64
 	if err := s.Scan(&a.ID, &a.WebhookURL, &a.Secret, &a.PolicyBundle, &a.LeaseTimeoutSeconds, &a.Description,

@@ -16,7 +16,7 @@ func (q *Queries) Dispatch(ctx context.Context, id string) (*store.Dispatch, err
 	return d, notFound(err)
 }
 
-func scanDispatch(s scanner) (*store.Dispatch, error) {
+func scanDispatch(s Scanner) (*store.Dispatch, error) {
 	var d store.Dispatch
 	var next, lease, created, updated int64
 	if err := s.Scan(&d.ID, &d.ExecutionID, &d.Status, &d.Attempt, &d.MaxAttempts, &d.ProgressAttempt,

@@ -106,7 +106,7 @@ func (t *Tx) appendRuns(ctx context.Context, events []*store.Event) error {
 
 // Events pages an execution's log: its rows and its runs, merged by seq.
 func (q *Queries) Events(ctx context.Context, executionID string, afterSeq int64, limit int) ([]*store.Event, error) {
-	rows, err := list(ctx, q, func(s scanner) (*store.Event, error) {
+	rows, err := list(ctx, q, func(s Scanner) (*store.Event, error) {
 		ev := &store.Event{ExecutionID: executionID}
 		var at int64
 		err := s.Scan(&ev.Seq, &ev.Type, &ev.Payload, &at)

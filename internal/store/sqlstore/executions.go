@@ -18,11 +18,9 @@ const executionCols = `e.id, e.agent_id, e.agent_version, e.status, e.failure_re
 
 const executionValues = `, v.input, v.output, v.state, v.fork_excluded FROM executions e JOIN execution_values v ON v.execution_id = e.id`
 
-type scanner interface{ Scan(dest ...any) error }
-
 // scanExecutionRow scans executionCols, then input, output and state when
 // withValues (the query joined executionValues).
-func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
+func scanExecutionRow(s Scanner, withValues bool) (*store.Execution, error) {
 	var e store.Execution
 	var created, updated, deadline int64
 	var keys, writing string
@@ -52,9 +50,9 @@ func scanExecutionRow(s scanner, withValues bool) (*store.Execution, error) {
 	return &e, nil
 }
 
-func scanExecution(s scanner) (*store.Execution, error) { return scanExecutionRow(s, true) }
+func scanExecution(s Scanner) (*store.Execution, error) { return scanExecutionRow(s, true) }
 
-func scanHead(s scanner) (*store.Execution, error) { return scanExecutionRow(s, false) }
+func scanHead(s Scanner) (*store.Execution, error) { return scanExecutionRow(s, false) }
 
 // Execution implements store.Reader.
 func (q *Queries) Execution(ctx context.Context, id string) (*store.Execution, error) {
@@ -244,7 +242,7 @@ const sharedBodiesKept = `DELETE FROM steps WHERE execution_id = ? AND step_id N
  (SELECT body_step_id FROM steps WHERE body_execution_id = ? AND body_execution_id <> '')`
 
 func (q *Queries) CopyRefs(ctx context.Context, executionID string) ([][2]string, error) {
-	return list(ctx, q, func(s scanner) ([2]string, error) {
+	return list(ctx, q, func(s Scanner) ([2]string, error) {
 		var r [2]string
 		err := s.Scan(&r[0], &r[1])
 		return r, err

@@ -14,7 +14,7 @@ import (
 const approvalCols = `id, execution_id, step_id, agent_id, kind, target, status, approvers, message, timeout_at,
  decided_by, decided_at, rationale, created_at`
 
-func scanApproval(s scanner) (*store.Approval, error) {
+func scanApproval(s Scanner) (*store.Approval, error) {
 	var a store.Approval
 	var approvers string
 	var timeout, decided, created int64
@@ -64,7 +64,7 @@ func (q *Queries) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]
 }
 
 func (q *Queries) ExpiredApprovals(ctx context.Context, now time.Time, limit int) ([]store.ApprovalRef, error) {
-	return list(ctx, q, func(s scanner) (store.ApprovalRef, error) {
+	return list(ctx, q, func(s Scanner) (store.ApprovalRef, error) {
 		var r store.ApprovalRef
 		err := s.Scan(&r.ID, &r.ExecutionID)
 		return r, err

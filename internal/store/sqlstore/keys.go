@@ -11,7 +11,7 @@ import (
 
 const apiKeyCols = `name, role, hash, created_at, created_by, expires_at, revoked_at, last_used_at`
 
-func scanAPIKey(s scanner) (*store.APIKey, error) {
+func scanAPIKey(s Scanner) (*store.APIKey, error) {
 	var k store.APIKey
 	var created, expires, revoked, used int64
 	if err := s.Scan(&k.Name, &k.Role, &k.Hash, &created, &k.CreatedBy, &expires, &revoked, &used); err != nil {
@@ -55,7 +55,7 @@ func (t *Tx) UpdateAPIKey(ctx context.Context, k *store.APIKey) error {
 }
 
 func (q *Queries) AuditLog(ctx context.Context, afterSeq int64, limit int) ([]*store.AuditEntry, error) {
-	return list(ctx, q, func(s scanner) (*store.AuditEntry, error) {
+	return list(ctx, q, func(s Scanner) (*store.AuditEntry, error) {
 		var e store.AuditEntry
 		var at int64
 		var detail string

@@ -90,7 +90,7 @@ func (q *Queries) StepsByID(ctx context.Context, executionID string, ids []strin
 		for _, id := range part {
 			args = append(args, id)
 		}
-		page, err := list(ctx, q, func(s scanner) (*store.Step, error) {
+		page, err := list(ctx, q, func(s Scanner) (*store.Step, error) {
 			st := &store.Step{ExecutionID: executionID}
 			err := s.Scan(&st.StepID, &st.Order, &st.Kind, &st.Target, &st.ArgsHash, &st.Occurrence, &st.Status, &st.TerminalSeq)
 			return st, err

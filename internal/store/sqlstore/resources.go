@@ -9,7 +9,7 @@ import (
 const resourceCols = `execution_id, key, position, driver_id, configuration, coverage_reuse, every_steps, on_completion,
  registered_seq, generation, binding, checkpoint_ref, starts_since_checkpoint`
 
-func scanResource(s scanner) (*store.Resource, error) {
+func scanResource(s Scanner) (*store.Resource, error) {
 	var r store.Resource
 	var reuse, onCompletion int
 	if err := s.Scan(&r.ExecutionID, &r.Key, &r.Position, &r.DriverID, &r.Configuration, &reuse, &r.EverySteps, &onCompletion,
@@ -49,7 +49,7 @@ func (t *Tx) UpdateResource(ctx context.Context, r *store.Resource) error {
 
 const checkpointCols = `execution_id, key, covered_seq, generation, checkpoint_ref, invalidated_seq, covered_kept, invalidated_kept`
 
-func scanCheckpoint(s scanner) (*store.Checkpoint, error) {
+func scanCheckpoint(s Scanner) (*store.Checkpoint, error) {
 	var c store.Checkpoint
 	err := s.Scan(&c.ExecutionID, &c.Key, &c.CoveredSeq, &c.Generation, &c.CheckpointRef, &c.InvalidatedSeq, &c.CoveredKept, &c.InvalidatedKept)
 	return &c, err

@@ -11,7 +11,7 @@ import (
 )
 
 func (q *Queries) dispatchRefs(ctx context.Context, query string, args ...any) ([]store.DispatchRef, error) {
-	return list(ctx, q, func(s scanner) (store.DispatchRef, error) {
+	return list(ctx, q, func(s Scanner) (store.DispatchRef, error) {
 		var r store.DispatchRef
 		err := s.Scan(&r.ID, &r.ExecutionID)
 		return r, err
@@ -20,7 +20,7 @@ func (q *Queries) dispatchRefs(ctx context.Context, query string, args ...any) (
 
 func (q *Queries) DueDispatches(ctx context.Context, now time.Time, limit int, skipAgents []string) ([]store.DispatchRef, error) {
 	skip, args := skipAgentsClause(skipAgents, wire.DispatchPending, wire.DispatchFailed, ts(now))
-	return list(ctx, q, func(s scanner) (store.DispatchRef, error) {
+	return list(ctx, q, func(s Scanner) (store.DispatchRef, error) {
 		var r store.DispatchRef
 		err := s.Scan(&r.ID, &r.ExecutionID, &r.AgentID)
 		return r, err
@@ -73,7 +73,7 @@ func (q *Queries) QueueDepth(ctx context.Context, now time.Time) (int64, error) 
 }
 
 func (q *Queries) stringCol(ctx context.Context, query string, args ...any) ([]string, error) {
-	return list(ctx, q, func(s scanner) (string, error) {
+	return list(ctx, q, func(s Scanner) (string, error) {
 		var v string
 		err := s.Scan(&v)
 		return v, err

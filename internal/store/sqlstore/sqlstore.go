@@ -43,8 +43,8 @@ type RowQuery struct {
 	Args  []any
 }
 
-// Scanner is the answer to a single-row read: the row's columns, or
-// sql.ErrNoRows when there is none.
+// Scanner reads one row's columns: the answer to a single-row read (or
+// sql.ErrNoRows when there is none), or the current row of many.
 type Scanner interface{ Scan(dest ...any) error }
 
 // Dialect is the seam between SQL backends: everything else is the same SQL.
@@ -224,7 +224,7 @@ func (r *rows) Err() error { return r.d.Classify(r.Rows.Err()) }
 
 // list runs a query and scans each row; the answer is [] rather than nil
 // when there are none.
-func list[T any](ctx context.Context, q *Queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+func list[T any](ctx context.Context, q *Queries, scan func(Scanner) (T, error), query string, args ...any) ([]T, error) {
 	rows, err := q.query(ctx, query, args...)
 	if err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ const stepInsertCols = `execution_id, step_id, step_order, kind, target, args_ha
  args, result, error, error_reason, resources, started_at, completed_at, dispatch_id, attempt, terminal_seq,
  start_info, body_execution_id, body_step_id, submitted_seq`
 
-func scanStep(s scanner) (*store.Step, error) {
+func scanStep(s Scanner) (*store.Step, error) {
 	var st store.Step
 	var started, completed int64
 	var res string
@@ -68,7 +68,7 @@ func (q *Queries) Steps(ctx context.Context, executionID string, statuses []stri
 // FinishedStepHeads reads only what a copy keeps: every column read costs a
 // call into the driver, and a fork reads thousands of rows.
 func (q *Queries) FinishedStepHeads(ctx context.Context, executionID string, upTo, afterOrder int64, limit int) ([]*store.Step, error) {
-	return list(ctx, q, func(s scanner) (*store.Step, error) {
+	return list(ctx, q, func(s Scanner) (*store.Step, error) {
 		st := &store.Step{ExecutionID: executionID}
 		var started, completed int64
 		var res string
