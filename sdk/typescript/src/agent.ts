@@ -37,8 +37,15 @@ export const DEFAULT_LEASE_TIMEOUT_SECONDS = 120;
 export const DEFAULT_KERNEL_TIMEOUT_MS = 35_000;
 /** The largest webhook body read; the kernel's are about 200 bytes. */
 export const MAX_WEBHOOK_BODY = 64 * 1024;
-/** How much of a refused body is read and dropped before the connection is closed. */
+/** How much of a refused body is read and dropped before the agent stops reading it. */
 const DISCARD_MAX = 1024 * 1024;
+/**
+ * How long a connection whose refused body went past DISCARD_MAX stays open,
+ * half-closed and unread, before it is dropped. Dropping it at once resets it,
+ * and a reset can discard the 413 from the client's receive buffer before the
+ * client has read it; a client that reads its answer closes well before this.
+ */
+const LINGER_MS = 5_000;
 
 const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 
@@ -437,7 +444,9 @@ export class Agent {
  * Read a request body of at most MAX_WEBHOOK_BODY bytes. A larger body is
  * answered `413` before it is read whole (a too large `Content-Length`
  * before anything is read). The rest is discarded, not kept, so that the
- * client can read the answer; past DISCARD_MAX the connection is dropped.
+ * client can read the answer. Past DISCARD_MAX the agent stops reading and
+ * half-closes, so the client's writes stall instead of being reset, and
+ * drops the connection after LINGER_MS.
  */
 function readBounded(req: http.IncomingMessage, res: http.ServerResponse): Promise<Buffer | undefined> {
   return new Promise((resolve, reject) => {
@@ -447,7 +456,7 @@ function readBounded(req: http.IncomingMessage, res: http.ServerResponse): Promi
         let discarded = 0;
         req.on("data", (chunk: Buffer) => {
           discarded += chunk.length;
-          if (discarded > DISCARD_MAX) req.socket.destroy();
+          if (discarded > DISCARD_MAX) linger(req);
         });
       });
       json(res, 413, { code: "payload_too_large", message: "payload too large" });
@@ -465,4 +474,15 @@ function readBounded(req: http.IncomingMessage, res: http.ServerResponse): Promi
     req.on("end", () => resolve(Buffer.concat(chunks)));
     req.on("error", reject);
   });
+}
+
+/** Stop reading a refused body, half-close, and drop the connection after LINGER_MS. */
+function linger(req: http.IncomingMessage): void {
+  req.removeAllListeners("data");
+  req.pause();
+  const socket = req.socket;
+  socket.end();
+  const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+  timer.unref();
+  socket.once("close", () => clearTimeout(timer));
 }
