@@ -60,9 +60,9 @@ func atSeqError(last int64) error {
 // before seq covers it unless a coverage-ending start came after it.
 // It also returns that checkpoint: the one a fork at seq restores (nil when
 // there is none).
-func pointCoverage(ctx context.Context, rd store.Reader, r *store.Resource, seq int64) (PointCoverage, *store.Checkpoint, error) {
+func (k *Kernel) pointCoverage(ctx context.Context, rd store.Reader, v *forkView, r *store.Resource, seq int64) (PointCoverage, *store.Checkpoint, error) {
 	pc := PointCoverage{Key: r.Key, Reason: CoverageNoCheckpoint}
-	c, err := rd.CheckpointAt(ctx, r.ExecutionID, r.Key, seq)
+	c, err := k.checkpointAt(ctx, rd, v, r.ExecutionID, r.Key, seq)
 	if errors.Is(err, store.ErrNotFound) {
 		return pc, nil, nil
 	}
@@ -88,6 +88,10 @@ func (k *Kernel) CoverageAt(ctx context.Context, c Caller, id string, seq int64)
 		return nil, atSeqError(e.LastSeq)
 	}
 	rd := k.store.Read()
+	v, err := k.viewOf(ctx, rd, e)
+	if err != nil {
+		return nil, err
+	}
 	resources, err := rd.Resources(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("read resources: %w", err)
@@ -97,7 +101,7 @@ func (k *Kernel) CoverageAt(ctx context.Context, c Caller, id string, seq int64)
 		if r.RegisteredSeq > seq {
 			continue
 		}
-		pc, _, err := pointCoverage(ctx, rd, r, seq)
+		pc, _, err := k.pointCoverage(ctx, rd, v, r, seq)
 		if err != nil {
 			return nil, err
 		}
@@ -115,11 +119,15 @@ func (k *Kernel) CoverageRangesOf(ctx context.Context, c Caller, id string) (*Co
 		return nil, err
 	}
 	rd := k.store.Read()
+	v, err := k.viewOf(ctx, rd, e)
+	if err != nil {
+		return nil, err
+	}
 	resources, err := rd.Resources(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("read resources: %w", err)
 	}
-	rows, err := rd.Checkpoints(ctx, id)
+	rows, err := k.checkpointRows(ctx, rd, v, id)
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoints: %w", err)
 	}

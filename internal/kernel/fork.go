@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,8 @@ type forkPlan struct {
 	at          int64
 	steps       []*store.Step       // copied source steps, in recording order
 	resources   []*store.Resource   // copied resources, in registration order
-	checkpoints []*store.Checkpoint // per key, by covered_seq
+	checkpoints []*store.Checkpoint // copied source rows the fork writes, per key, by covered_seq
+	written     []*store.Checkpoint // in place: those rows mapped (carryRows)
 	ids         map[string]string   // source step id → the copy's
 	kept        []*store.Event      // kept source events, in order, payloads already carrying the copies' step ids
 	generations map[string]int64    // generation of each key at the fork point
@@ -200,12 +202,8 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 		}
 	}
 
-	rows, err := rd.Checkpoints(ctx, source.ID)
-	if err != nil {
-		return nil, fmt.Errorf("read checkpoints: %w", err)
-	}
 	for _, r := range p.resources {
-		pc, c, err := pointCoverage(ctx, rd, r, at)
+		pc, c, err := k.pointCoverage(ctx, rd, sv, r, at)
 		if err != nil {
 			return nil, err
 		}
@@ -214,33 +212,95 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 			p.restoreAt[r.Key] = c
 		}
 	}
-	for _, row := range rows {
-		if copiedKey[row.Key] && row.CoveredSeq <= at {
-			p.checkpoints = append(p.checkpoints, row)
+	if ip == nil {
+		rows, err := k.checkpointRows(ctx, rd, sv, source.ID)
+		if err != nil {
+			return nil, fmt.Errorf("read checkpoints: %w", err)
+		}
+		for _, row := range rows {
+			if copiedKey[row.Key] && row.CoveredSeq <= at {
+				p.checkpoints = append(p.checkpoints, row)
+			}
+		}
+		return p, nil
+	}
+	// In place: most copied checkpoints are read from the source in place
+	// too; the rest are written, their seqs mapped now, so that writing
+	// reads nothing. A resource's seq is mapped through the mark of the run
+	// holding it; a checkpoint's by arithmetic on the kept counts its row
+	// keeps, unless the row was written before rows kept them (0).
+	spans := make([]carriedSpan, len(p.resources))
+	for i, r := range p.resources {
+		span, own, err := ip.planCarried(ctx, rd, source.ID, r.Key, at)
+		if err != nil {
+			return nil, err
+		}
+		spans[i] = span
+		p.checkpoints = append(p.checkpoints, own...)
+	}
+	for _, r := range p.resources {
+		if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq, 0); err != nil {
+			return nil, err
 		}
 	}
-	if ip != nil {
-		// The seqs the copies carry, mapped now: writing reads nothing. A
-		// resource's seq is mapped through the mark of the run holding it;
-		// a checkpoint's by arithmetic on the kept counts its row keeps,
-		// unless the row was written before rows kept them (0).
-		for _, r := range p.resources {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, r.RegisteredSeq, 0); err != nil {
+	for _, c := range p.checkpoints {
+		if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq, c.CoveredKept); err != nil {
+			return nil, err
+		}
+		if c.InvalidatedSeq != 0 && c.InvalidatedSeq <= at {
+			if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq, c.InvalidatedKept); err != nil {
 				return nil, err
 			}
 		}
-		for _, c := range p.checkpoints {
-			if _, err := ip.mapSeq(ctx, rd, source.ID, c.CoveredSeq, c.CoveredKept); err != nil {
-				return nil, err
-			}
-			if c.InvalidatedSeq != 0 && c.InvalidatedSeq <= at {
-				if _, err := ip.mapSeq(ctx, rd, source.ID, c.InvalidatedSeq, c.InvalidatedKept); err != nil {
-					return nil, err
-				}
-			}
+	}
+	p.written = carryRows(p.id, p.resources, p.checkpoints, at, func(x int64) int64 { return ip.mapped[x] })
+	// The log's layout after the kept events: one resource.initialized a
+	// resource, then per key the events of the rows read in place, then
+	// those of the rows written.
+	pos, i := 2+ip.kept+int64(len(p.resources)), 0
+	for j, r := range p.resources {
+		if spans[j].Rows > 0 {
+			spans[j].At = pos + 1
+			pos += spans[j].Rows
+			ip.excluded.Carried = append(ip.excluded.Carried, spans[j])
+		}
+		for ; i < len(p.written) && p.written[i].Key == r.Key; i++ {
+			pos++
 		}
 	}
 	return p, nil
+}
+
+// carryRows maps the copied checkpoint rows to the fork's numbering
+// (docs/protocol/forks.md §2): by key in registration order, then covered_seq; when two rows
+// of a key map to one position the later one is kept. Their kept counts
+// are left for the writer.
+func carryRows(forkID string, resources []*store.Resource, rows []*store.Checkpoint, at int64, mapSeq func(int64) int64) []*store.Checkpoint {
+	position := map[string]int{}
+	for i, r := range resources {
+		position[r.Key] = i
+	}
+	rows = slices.Clone(rows)
+	sort.SliceStable(rows, func(i, j int) bool {
+		if position[rows[i].Key] != position[rows[j].Key] {
+			return position[rows[i].Key] < position[rows[j].Key]
+		}
+		return rows[i].CoveredSeq < rows[j].CoveredSeq
+	})
+	var out []*store.Checkpoint
+	for _, row := range rows {
+		m := &store.Checkpoint{ExecutionID: forkID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
+			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
+		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= at {
+			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
+		}
+		if n := len(out); n > 0 && out[n-1].Key == m.Key && out[n-1].CoveredSeq == m.CoveredSeq {
+			out[n-1] = m
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // observe records what one source event at or before the fork point tells
@@ -405,47 +465,38 @@ func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) i
 		o.emit(EventResourceInitialized, init)
 	}
 
-	// Copied checkpoints, by key in registration order, then covered_seq;
-	// when two rows of a key map to one position the later one is kept.
-	position := map[string]int{}
-	for i, r := range p.resources {
-		position[r.Key] = i
+	// Copied checkpoints, per key in registration order: first those read
+	// in place, whose positions are only counted, then those written. The
+	// kept counts are the fork's own: known for a fork that copies (its log
+	// up to them is appended in this operation), 0 for one that reads in
+	// place, which keeps no marks.
+	written, spans := p.written, map[string]carriedSpan{}
+	if ip := p.inPlace; ip != nil {
+		for _, s := range ip.excluded.Carried {
+			spans[s.Key] = s
+		}
+	} else {
+		written = carryRows(p.id, p.resources, p.checkpoints, p.at, mapSeq)
 	}
-	rows := append([]*store.Checkpoint{}, p.checkpoints...)
-	sort.SliceStable(rows, func(i, j int) bool {
-		if position[rows[i].Key] != position[rows[j].Key] {
-			return position[rows[i].Key] < position[rows[j].Key]
+	i := 0
+	for _, r := range p.resources {
+		if s, ok := spans[r.Key]; ok {
+			if e.LastSeq+1 != s.At {
+				return nil, fmt.Errorf("fork %s: the checkpoints of %q read in place begin at %d, planned at %d", e.ID, r.Key, e.LastSeq+1, s.At)
+			}
+			e.LastSeq += s.Rows
 		}
-		return rows[i].CoveredSeq < rows[j].CoveredSeq
-	})
-	// Their kept counts are the fork's own: known for a fork that copies
-	// (its log up to them is appended in this operation), 0 for one that
-	// reads in place, which keeps no marks.
-	var mapped []*store.Checkpoint
-	for _, row := range rows {
-		m := &store.Checkpoint{ExecutionID: e.ID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
-			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
-		m.CoveredKept = o.keptAfter(m.CoveredSeq)
-		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= p.at {
-			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
-			m.InvalidatedKept = o.keptAfter(m.InvalidatedSeq)
+		for ; i < len(written) && written[i].Key == r.Key; i++ {
+			m := *written[i] // the plan is not changed: the transaction may run this again
+			m.CoveredKept = o.keptAfter(m.CoveredSeq)
+			if m.InvalidatedSeq != 0 {
+				m.InvalidatedKept = o.keptAfter(m.InvalidatedSeq)
+			}
+			if err := o.tx.InsertCheckpoint(o.ctx, &m); err != nil {
+				return nil, fmt.Errorf("copy checkpoint: %w", err)
+			}
+			o.emit(EventResourceCheckpointed, checkpointedPayload(&m))
 		}
-		if n := len(mapped); n > 0 && mapped[n-1].Key == m.Key && mapped[n-1].CoveredSeq == m.CoveredSeq {
-			mapped[n-1] = m
-			continue
-		}
-		mapped = append(mapped, m)
-	}
-	for _, m := range mapped {
-		if err := o.tx.InsertCheckpoint(o.ctx, m); err != nil {
-			return nil, fmt.Errorf("copy checkpoint: %w", err)
-		}
-		ev := (&jsonx.Object{}).String("key", m.Key).Int("generation", m.Generation).
-			String("checkpoint_ref", m.CheckpointRef).Int("covered_seq", m.CoveredSeq)
-		if m.InvalidatedSeq != 0 {
-			ev.Int("invalidated_seq", m.InvalidatedSeq)
-		}
-		o.emit(EventResourceCheckpointed, ev)
 	}
 
 	started := (&jsonx.Object{}).String("execution_id", e.ID).String("status", wire.ExecRunning)

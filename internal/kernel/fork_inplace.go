@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,11 +23,29 @@ import (
 // exclusions is what an in-place fork leaves out of its source up to the
 // fork point: the events of the steps it does not copy (source seq and the
 // keepable events before each, ascending) and those steps' orders
-// (ascending). It is stored as the fork's ForkExcluded.
+// (ascending); and the checkpoint rows it reads from its source in place.
+// It is stored as the fork's ForkExcluded.
 type exclusions struct {
-	Seqs   []int64 `json:"seqs"`
-	Kept   []int64 `json:"kept"`
-	Orders []int64 `json:"orders"`
+	Seqs    []int64       `json:"seqs"`
+	Kept    []int64       `json:"kept"`
+	Orders  []int64       `json:"orders"`
+	Carried []carriedSpan `json:"carried,omitempty"`
+}
+
+// carriedSpan is the part of one key's checkpoint rows that an in-place
+// fork reads from its source in place, as it reads the kept events: the
+// source's rows of Key with covered_seq ≤ UpTo, all closed by the fork
+// point and before any excluded event, so that each maps by arithmetic on
+// its kept counts. Rows of one kept count map to one position and show as
+// the last of them (docs/protocol/forks.md §2), so the fork shows Rows rows, whose
+// resource.checkpointed events are its positions At…At+Rows−1. The key's
+// other copied rows (open at the fork point, or after an excluded event)
+// are the fork's own, written after these.
+type carriedSpan struct {
+	Key  string `json:"key"`
+	UpTo int64  `json:"up_to"`
+	Rows int64  `json:"rows"`
+	At   int64  `json:"at"`
 }
 
 func (x *exclusions) encode() []byte {
@@ -230,4 +249,77 @@ func forkSeq(after *store.Mark, x *exclusions, seq int64) int64 {
 // (docs/protocol/forks.md §3).
 func forkSeqKept(kept int64, x *exclusions, seq int64) int64 {
 	return 2 + kept - int64(sort.Search(len(x.Seqs), func(i int) bool { return x.Seqs[i] > seq }))
+}
+
+// planCarried splits the checkpoint rows of key that an in-place fork at
+// `at` copies: those it reads in place (a span; Rows 0 when none) and
+// those it writes as its own, by covered_seq. It reads a few rows and
+// counts the rest, so its cost does not grow with the source's checkpoints.
+func (p *inPlacePlan) planCarried(ctx context.Context, rd store.Reader, sourceID, key string, at int64) (carriedSpan, []*store.Checkpoint, error) {
+	span := carriedSpan{Key: key}
+	// Every coverage-ending start closes all open rows at once, so the rows
+	// still open at `at` are the newest ones: walk back to the oldest.
+	upTo := at
+	c, err := checkpointAtOrNil(ctx, rd, sourceID, key, at)
+	for err == nil && c != nil && (c.InvalidatedSeq == 0 || c.InvalidatedSeq > at) {
+		upTo = c.CoveredSeq - 1
+		c, err = checkpointAtOrNil(ctx, rd, sourceID, key, c.CoveredSeq-1)
+	}
+	if err != nil {
+		return span, nil, err
+	}
+	if len(p.excluded.Seqs) > 0 {
+		upTo = min(upTo, p.excluded.Seqs[0]-1)
+	}
+	n, err := rd.CountCheckpoints(ctx, sourceID, key, upTo)
+	if err != nil {
+		return span, nil, fmt.Errorf("count checkpoints: %w", err)
+	}
+	if n.Unmarked > 0 || n.Rows == 0 {
+		upTo = 0 // rows without kept counts are mapped through the log, as copies
+	}
+	own, err := rd.CheckpointRange(ctx, sourceID, key, upTo, at)
+	if err != nil {
+		return span, nil, fmt.Errorf("read checkpoints: %w", err)
+	}
+	if upTo == 0 {
+		return span, own, nil
+	}
+	span.UpTo, span.Rows = upTo, n.KeptCounts
+	if len(own) == 0 {
+		return span, own, nil
+	}
+	// The newest rows read in place map where the first own row does when
+	// no kept event lies between them: the own row is then the one shown.
+	first, err := p.mapSeq(ctx, rd, sourceID, own[0].CoveredSeq, own[0].CoveredKept)
+	if err != nil {
+		return span, nil, err
+	}
+	last, err := checkpointAtOrNil(ctx, rd, sourceID, key, upTo)
+	if err != nil || last == nil {
+		return span, nil, cmp.Or(err, fmt.Errorf("checkpoint of %s at %d of %s is gone", key, upTo, sourceID))
+	}
+	if forkSeqKept(last.CoveredKept, p.excluded, last.CoveredSeq) < first {
+		return span, own, nil
+	}
+	for g := last.CoveredKept; last != nil && last.CoveredKept == g; {
+		span.UpTo = last.CoveredSeq - 1
+		if last, err = checkpointAtOrNil(ctx, rd, sourceID, key, span.UpTo); err != nil {
+			return span, nil, err
+		}
+	}
+	span.Rows--
+	return span, own, nil
+}
+
+// checkpointAtOrNil is store.Reader.CheckpointAt with nil for none.
+func checkpointAtOrNil(ctx context.Context, rd store.Reader, id, key string, seq int64) (*store.Checkpoint, error) {
+	c, err := rd.CheckpointAt(ctx, id, key, seq)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	return c, nil
 }

@@ -205,10 +205,7 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 	if err := json.Unmarshal(e.Restoration, &gotRestoration); err != nil || !reflect.DeepEqual(gotRestoration, restoration) {
 		t.Fatalf("restoration %s, want %v", e.Restoration, restoration)
 	}
-	gotRows, err := rd.Checkpoints(fx.ctx, f.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gotRows := fx.checkpoints(f.ID)
 	// Checkpoints lists by key then covered_seq; the model by registration
 	// order then covered_seq.
 	sort.SliceStable(wantRows, func(i, j int) bool { return wantRows[i].Key < wantRows[j].Key })
@@ -358,7 +355,7 @@ func TestForkExampleE(t *testing.T) {
 	if r := res(f.ID); r.RegisteredSeq != 3 || r.Generation != 5 || r.CheckpointRef != "B0" || r.StartsSinceCheckpoint != 0 || r.Binding != nil || r.EverySteps != 5 {
 		t.Fatalf("F's resource %+v", r)
 	}
-	rows, _ := fx.k.store.Read().Checkpoints(fx.ctx, f.ID)
+	rows := fx.checkpoints(f.ID)
 	// B0 covers 3 (P's 5–7) and closes at w1's copied step.executing (6).
 	if len(rows) != 1 || (*rows[0] != store.Checkpoint{ExecutionID: f.ID, Key: "workspace", CoveredSeq: 3, Generation: 0, CheckpointRef: "B0", InvalidatedSeq: 6}) {
 		t.Fatalf("F's checkpoints %+v", rows)
@@ -458,12 +455,8 @@ func TestForkCheckpointsWithoutKeptCounts(t *testing.T) {
 	p, _ := fkExampleE(t, fx)
 	last := fx.lastSeq(p.id)
 	rowsOf := func(f *store.Execution) []store.Checkpoint {
-		rows, err := fx.k.store.Read().Checkpoints(fx.ctx, f.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var out []store.Checkpoint
-		for _, r := range rows {
+		for _, r := range fx.checkpoints(f.ID) {
 			r.ExecutionID = ""
 			out = append(out, *r)
 		}
@@ -512,7 +505,7 @@ func TestForkCheckpointDedupe(t *testing.T) {
 	r.publish(caps(Capture{Key: "w", Ref: "second"}))
 	r.publish(caps(Capture{Key: "w", Ref: "third"}))
 	f := fkCheck(t, r.fx, r.id, r.fx.lastSeq(r.id))
-	rows, _ := r.fx.k.store.Read().Checkpoints(r.fx.ctx, f.ID)
+	rows := r.fx.checkpoints(f.ID)
 	if len(rows) != 1 || rows[0].CheckpointRef != "third" || rows[0].CoveredSeq != 3 {
 		t.Fatalf("rows %+v", rows)
 	}
@@ -963,17 +956,24 @@ func forkGuard(t *testing.T, n int, marked bool) {
 	}
 	var ckptRows int64
 	db.QueryRow(`SELECT COUNT(*) FROM checkpoints WHERE execution_id = ?`, f.ID).Scan(&ckptRows)
-	own := int64(2 + 1 + 100 + 2) // created, forked, initialized, the checkpoints, started, queued
+	// Created, forked, initialized, the checkpoints it writes, started,
+	// queued. In place it writes only the checkpoint still open at the
+	// fork point and reads the 99 closed ones from its source.
+	own, ownRows := int64(2+1+1+2), int64(1)
 	if !marked {
-		own += 1 + 4*int64(n) // the copies: registered and each step's four
+		own += 1 + 4*int64(n) + 99 // the copies: registered, each step's four, and the closed checkpoints
+		ownRows += 99
 		if rows != int64(n) || bodyBytes != 0 || shared != int64(n) {
 			t.Fatalf("fork step rows: %d copies, %d body bytes, %d sharing the source's bodies", rows, bodyBytes, shared)
 		}
 	} else if rows != 0 {
 		t.Fatalf("the in-place fork wrote %d step rows", rows)
 	}
-	if int64(len(stored)) != own || ckptRows != 100 {
-		t.Fatalf("fork stored %d events and %d checkpoint rows, want %d and 100", len(stored), ckptRows, own)
+	if int64(len(stored)) != own || ckptRows != ownRows {
+		t.Fatalf("fork stored %d events and %d checkpoint rows, want %d and %d", len(stored), ckptRows, own, ownRows)
+	}
+	if got := fx.checkpoints(f.ID); len(got) != 100 || got[99].InvalidatedSeq != 0 || got[98].InvalidatedSeq == 0 {
+		t.Fatalf("the fork reads %d checkpoints, want 100 with the last one open", len(got))
 	}
 	// Read as the routes read it, the fork shows its whole log and steps.
 	if events := fx.events(f.ID); int64(len(events)) != int64(2+1+4*n+1+100+2) || events[len(events)-1].Seq != int64(len(events)) {
@@ -998,5 +998,96 @@ func forkGuard(t *testing.T, n int, marked bool) {
 	}
 	if guard := map[bool]time.Duration{true: 100 * time.Millisecond, false: 1500 * time.Millisecond}[marked]; os.Getenv("REBUNO_PERF_GUARD") == "1" && took > guard {
 		t.Fatalf("fork took %v, the guard is %v", took, guard)
+	}
+}
+
+// TestForkReadsCheckpointsInPlace: an in-place fork reads the checkpoints
+// its source closed by the fork point in place and writes only the rest,
+// showing them as copies would be (fkCheck's model) at every fork point,
+// in log pages of any size, and to its own forks. Checkpoints closed by
+// LLM calls still running at the fork point map where the one taken during
+// them does, and only that one is shown.
+func TestForkReadsCheckpointsInPlace(t *testing.T) {
+	r := rsStart(t)
+	r.register("w", false, 0)
+	r.register("v", true, 0)
+	gen := func(key string) int64 { return r.resource(key).Generation }
+	for i := range 5 {
+		r.publish(caps(Capture{Key: "w", Generation: gen("w"), Ref: fmt.Sprint("w", i)}, Capture{Key: "v", Generation: gen("v"), Ref: fmt.Sprint("v", i)}))
+		if i == 2 { // two rows closed together that map to one position: the later is shown
+			r.publish(caps(Capture{Key: "w", Generation: gen("w"), Ref: "w2-again"}))
+		}
+		s := r.submit(wire.KindToolCall, fmt.Sprint("t", i), "w", "v")
+		r.outcome(s.StepID, true, Captures{})
+	}
+	r.publish(caps(Capture{Key: "w", Generation: gen("w"), Ref: "before-llm"}))
+	llmAt := r.fx.lastSeq(r.id) + 1
+	if d := r.submit(wire.KindLLMCall, "think"); d.Decision != wire.DecisionProceed {
+		t.Fatalf("llm: %+v", d)
+	}
+	r.publish(caps(Capture{Key: "w", Generation: gen("w"), Ref: "during-llm"}))
+	// A second call closes that one: the three map to one position.
+	if d := r.submit(wire.KindLLMCall, "think more"); d.Decision != wire.DecisionProceed {
+		t.Fatalf("second llm: %+v", d)
+	}
+	r.publish(caps(Capture{Key: "w", Generation: gen("w"), Ref: "during-llm-2"}))
+	last := r.fx.lastSeq(r.id)
+	for s := int64(1); s < last; s++ {
+		fkCheck(t, r.fx, r.id, s)
+	}
+	f := fkCheck(t, r.fx, r.id, last)
+	x, err := decodeExclusions(r.fx.exec(f.ID).ForkExcluded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Carried) != 2 || x.Carried[0].Key != "w" || x.Carried[0].Rows != 5 || x.Carried[1].Key != "v" || x.Carried[1].Rows != 5 {
+		t.Fatalf("read in place: %+v, want w0–w4 and v0–v4", x.Carried)
+	}
+	rows := r.fx.checkpoints(f.ID)
+	var refs []string
+	for _, c := range rows {
+		refs = append(refs, c.CheckpointRef)
+	}
+	if want := []string{"v0", "v1", "v2", "v3", "v4", "w0", "w1", "w2-again", "w3", "w4", "during-llm-2"}; !slices.Equal(refs, want) {
+		t.Fatalf("the fork's checkpoints %v, want %v", refs, want)
+	}
+	stored, err := r.fx.k.store.Read().Checkpoints(r.fx.ctx, f.ID)
+	if err != nil || len(stored) != 1 || stored[0].CheckpointRef != "during-llm-2" {
+		t.Fatalf("the fork stored %d checkpoint rows (%v), want during-llm-2 alone", len(stored), err)
+	}
+
+	// Pages of every size show the same log.
+	whole := r.fx.events(f.ID)
+	rd, v := r.fx.k.store.Read(), r.fx.view(f.ID)
+	for limit := 1; limit <= len(whole)+1; limit++ {
+		var got []*store.Event
+		for after := int64(0); ; {
+			page, err := r.fx.k.readEvents(r.fx.ctx, rd, v, f.ID, after, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) > limit {
+				t.Fatalf("limit %d: a page of %d", limit, len(page))
+			}
+			got = append(got, page...)
+			if len(page) < limit {
+				break
+			}
+			after = page[len(page)-1].Seq
+		}
+		if !reflect.DeepEqual(got, whole) {
+			t.Fatalf("pages of %d: %d events, the whole log %d", limit, len(got), len(whole))
+		}
+	}
+
+	// Forks of a fork copy what it shows, the rows read in place included:
+	// of the fork taken before the LLM call (w0–w4 and v0–v4 read in
+	// place, before-llm written), at every point.
+	before := fkCheck(t, r.fx, r.id, llmAt-1)
+	if x, err := decodeExclusions(r.fx.exec(before.ID).ForkExcluded); err != nil || len(x.Carried) != 2 {
+		t.Fatalf("read in place before the LLM call: %+v %v", x, err)
+	}
+	for s := int64(1); s <= r.fx.lastSeq(before.ID); s++ {
+		fkCheck(t, r.fx, before.ID, s)
 	}
 }

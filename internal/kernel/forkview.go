@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/rebuno/rebuno/internal/identity"
 	"github.com/rebuno/rebuno/internal/store"
@@ -24,6 +25,38 @@ type forkView struct {
 	at          int64
 	kept, steps int64
 	x           *exclusions
+	created     time.Time // when the fork was created: the time of the events it shows for the rows read in place
+	segments    []segment
+}
+
+// segment is a stretch of an in-place fork's log read from its source: the
+// kept events (span nil), or the events of a key's checkpoints read in
+// place (span). The positions around them are the fork's own events.
+type segment struct {
+	from, to int64
+	span     *carriedSpan
+}
+
+func newForkView(e *store.Execution, x *exclusions) *forkView {
+	v := &forkView{id: e.ID, source: e.ForkedFrom, at: e.ForkSeq, kept: e.ForkKept, steps: e.ForkSteps, x: x, created: e.CreatedAt}
+	if v.kept > 0 {
+		v.segments = append(v.segments, segment{from: 3, to: 2 + v.kept})
+	}
+	for i := range x.Carried {
+		c := &x.Carried[i]
+		v.segments = append(v.segments, segment{from: c.At, to: c.At + c.Rows - 1, span: c})
+	}
+	return v
+}
+
+// carried is the span of key's checkpoints read in place, nil when none.
+func (v *forkView) carried(key string) *carriedSpan {
+	for i := range v.x.Carried {
+		if v.x.Carried[i].Key == key {
+			return &v.x.Carried[i]
+		}
+	}
+	return nil
 }
 
 // views remembers which executions are in-place forks: it never changes
@@ -65,7 +98,7 @@ func (k *Kernel) viewByID(ctx context.Context, rd store.Reader, id string) (*for
 		if err != nil {
 			return nil, err
 		}
-		v = &forkView{id: e.ID, source: e.ForkedFrom, at: e.ForkSeq, kept: e.ForkKept, steps: e.ForkSteps, x: x}
+		v = newForkView(e, x)
 	}
 	k.views.mu.Lock()
 	if k.views.m == nil || len(k.views.m) >= viewsCap {
@@ -76,44 +109,141 @@ func (k *Kernel) viewByID(ctx context.Context, rd store.Reader, id string) (*for
 	return v, nil
 }
 
-// readEvents pages an execution's log (store.Reader.Events).
+// readEvents pages an execution's log (store.Reader.Events). An in-place
+// fork's is its own events around the segments read from its source.
 func (k *Kernel) readEvents(ctx context.Context, rd store.Reader, v *forkView, id string, after int64, limit int) ([]*store.Event, error) {
 	if v == nil {
 		return rd.Events(ctx, id, after, limit)
 	}
 	var out []*store.Event
-	if after < 2 {
-		own, err := rd.Events(ctx, id, after, min(limit, int(2-after)))
-		if err != nil {
-			return nil, err
-		}
-		for _, ev := range own {
-			if ev.Seq <= 2 {
-				out = append(out, ev)
-				after = ev.Seq
+	for len(out) < limit {
+		pos := after + 1
+		var in *segment
+		next := int64(0) // where the next segment after pos begins, 0 when none does
+		for i := range v.segments {
+			sg := &v.segments[i]
+			if pos > sg.to {
+				continue
 			}
+			if pos >= sg.from {
+				in = sg
+			} else {
+				next = sg.from
+			}
+			break
 		}
-		if after < 2 {
-			return out, nil // the fork's first events are not there: it is being deleted
+		if in != nil {
+			to := min(in.to, after+int64(limit-len(out)))
+			evs, err := k.segmentEvents(ctx, rd, v, in, pos, to)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, evs...)
+			after = to
+			continue
 		}
-	}
-	if last := 2 + v.kept; len(out) < limit && after < last {
-		to := min(last, after+int64(limit-len(out)))
-		kept, err := k.keptEvents(ctx, rd, v, after+1, to)
-		if err != nil {
-			return nil, err
+		// Own events: every position up to the next segment is one.
+		n := limit - len(out)
+		if next != 0 {
+			n = min(n, int(next-pos))
 		}
-		out = append(out, kept...)
-		after = to
-	}
-	if len(out) < limit {
-		own, err := rd.Events(ctx, id, max(after, 2+v.kept), limit-len(out))
+		own, err := rd.Events(ctx, id, after, n)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, own...)
+		if next == 0 || len(own) < n {
+			break // the end of the log, or the fork is being deleted
+		}
+		after = own[len(own)-1].Seq
 	}
 	return out, nil
+}
+
+// segmentEvents renders the fork's positions from…to of one segment.
+func (k *Kernel) segmentEvents(ctx context.Context, rd store.Reader, v *forkView, sg *segment, from, to int64) ([]*store.Event, error) {
+	if sg.span == nil {
+		return k.keptEvents(ctx, rd, v, from, to)
+	}
+	rows, err := k.carriedRows(ctx, rd, v, sg.span)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*store.Event, 0, to-from+1)
+	for pos := from; pos <= to; pos++ {
+		out = append(out, &store.Event{ExecutionID: v.id, Seq: pos, Type: EventResourceCheckpointed,
+			Payload: checkpointedPayload(rows[pos-sg.span.At]).Bytes(), OccurredAt: v.created})
+	}
+	return out, nil
+}
+
+// carriedRows are the checkpoint rows of a span as the fork shows them:
+// their seqs mapped, of rows that map to one position the last, no kept
+// counts (the fork keeps no marks).
+func (k *Kernel) carriedRows(ctx context.Context, rd store.Reader, v *forkView, span *carriedSpan) ([]*store.Checkpoint, error) {
+	rows, err := rd.CheckpointRange(ctx, v.source, span.Key, 0, span.UpTo)
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoints: %w", err)
+	}
+	out := make([]*store.Checkpoint, 0, span.Rows)
+	for _, c := range rows {
+		m := &store.Checkpoint{ExecutionID: v.id, Key: c.Key, CoveredSeq: forkSeqKept(c.CoveredKept, v.x, c.CoveredSeq),
+			Generation: c.Generation, CheckpointRef: c.CheckpointRef, InvalidatedSeq: forkSeqKept(c.InvalidatedKept, v.x, c.InvalidatedSeq)}
+		if n := len(out); n > 0 && out[n-1].CoveredSeq == m.CoveredSeq {
+			out[n-1] = m
+			continue
+		}
+		out = append(out, m)
+	}
+	if int64(len(out)) != span.Rows {
+		return nil, fmt.Errorf("fork %s: %d checkpoints of %q read in place, want %d", v.id, len(out), span.Key, span.Rows)
+	}
+	return out, nil
+}
+
+// checkpointRows lists an execution's checkpoint rows by key, then
+// covered_seq (store.Reader.Checkpoints), an in-place fork's read in place
+// included.
+func (k *Kernel) checkpointRows(ctx context.Context, rd store.Reader, v *forkView, id string) ([]*store.Checkpoint, error) {
+	own, err := rd.Checkpoints(ctx, id)
+	if err != nil || v == nil || len(v.x.Carried) == 0 {
+		return own, err
+	}
+	var out []*store.Checkpoint
+	for i := range v.x.Carried {
+		rows, err := k.carriedRows(ctx, rd, v, &v.x.Carried[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	// A key's rows read in place all come before its own.
+	out = append(out, own...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// checkpointAt is the newest checkpoint of key with covered_seq <= seq
+// (store.Reader.CheckpointAt), an in-place fork's read in place included.
+func (k *Kernel) checkpointAt(ctx context.Context, rd store.Reader, v *forkView, id, key string, seq int64) (*store.Checkpoint, error) {
+	c, err := rd.CheckpointAt(ctx, id, key, seq)
+	if v == nil || !errors.Is(err, store.ErrNotFound) {
+		return c, err
+	}
+	span := v.carried(key)
+	if span == nil {
+		return nil, err
+	}
+	rows, err := k.carriedRows(ctx, rd, v, span)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(rows) - 1; i >= 0; i-- {
+		if rows[i].CoveredSeq <= seq {
+			return rows[i], nil
+		}
+	}
+	return nil, store.ErrNotFound
 }
 
 // keptEvents renders the fork's positions from…to (within 3…kept+2) from

@@ -241,6 +241,17 @@ func (fx *fixture) step(execID, stepID string) *store.Step {
 
 // view is the forkView of an execution: the fixture reads every
 // execution as the kernel's routes do, an in-place fork included.
+// checkpoints are an execution's checkpoint rows as the kernel reads them,
+// an in-place fork's read in place included.
+func (fx *fixture) checkpoints(id string) []*store.Checkpoint {
+	fx.t.Helper()
+	rows, err := fx.k.checkpointRows(fx.ctx, fx.k.store.Read(), fx.view(id), id)
+	if err != nil {
+		fx.t.Fatalf("read checkpoints of %s: %v", id, err)
+	}
+	return rows
+}
+
 func (fx *fixture) view(id string) *forkView {
 	fx.t.Helper()
 	v, err := fx.k.viewByID(fx.ctx, fx.k.store.Read(), id)

@@ -318,12 +318,11 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 			continue
 		}
 		o.e.ByteCount += int64(len(cp.Ref))
-		o.emit(EventResourceCheckpointed, (&jsonx.Object{}).String("key", r.Key).Int("generation", cp.Generation).
-			String("checkpoint_ref", cp.Ref).Int("covered_seq", firstSeq))
+		row := &store.Checkpoint{ExecutionID: o.e.ID, Key: r.Key, CoveredSeq: firstSeq, Generation: cp.Generation, CheckpointRef: cp.Ref}
+		o.emit(EventResourceCheckpointed, checkpointedPayload(row))
 		// The event at firstSeq is appended by now: this one when it is
 		// the operation's first.
-		row := &store.Checkpoint{ExecutionID: o.e.ID, Key: r.Key, CoveredSeq: firstSeq, Generation: cp.Generation, CheckpointRef: cp.Ref,
-			CoveredKept: o.keptAfter(firstSeq)}
+		row.CoveredKept = o.keptAfter(firstSeq)
 		if err := o.tx.InsertCheckpoint(o.ctx, row); err != nil {
 			return fmt.Errorf("insert checkpoint: %w", err)
 		}
@@ -334,6 +333,17 @@ func (o *op) processCaptures(caps Captures, recording *store.Step) error {
 		o.tx.AfterCommit(func() { m.Checkpoints.Inc() })
 	}
 	return nil
+}
+
+// checkpointedPayload is the resource.checkpointed event of a checkpoint
+// row (docs/protocol/resources.md §6): invalidated_seq only when it is closed, as in a fork's copies.
+func checkpointedPayload(c *store.Checkpoint) *jsonx.Object {
+	p := (&jsonx.Object{}).String("key", c.Key).Int("generation", c.Generation).
+		String("checkpoint_ref", c.CheckpointRef).Int("covered_seq", c.CoveredSeq)
+	if c.InvalidatedSeq != 0 {
+		p.Int("invalidated_seq", c.InvalidatedSeq)
+	}
+	return p
 }
 
 // writers are the tool and local steps executing under the execution's

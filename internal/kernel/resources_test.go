@@ -303,10 +303,7 @@ func ruInvariant(t *testing.T, fx *fixture, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := rd.Checkpoints(fx.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := fx.checkpoints(id)
 	for _, r := range resources {
 		open, current := false, false
 		for _, row := range rows {
@@ -326,7 +323,7 @@ func ruInvariant(t *testing.T, fx *fixture, id string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pc, _, _ := pointCoverage(fx.ctx, rd, r, e.LastSeq); covered != pc.Covered && r.RegisteredSeq <= e.LastSeq {
+		if pc, _, _ := fx.k.pointCoverage(fx.ctx, rd, fx.view(id), r, e.LastSeq); covered != pc.Covered && r.RegisteredSeq <= e.LastSeq {
 			t.Fatalf("key %s: view covered %v, point query at %d %v", r.Key, covered, e.LastSeq, pc.Covered)
 		}
 	}

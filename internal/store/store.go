@@ -147,6 +147,13 @@ type Reader interface {
 	Checkpoints(ctx context.Context, executionID string) ([]*Checkpoint, error)
 	// CheckpointAt is the newest checkpoint of key with covered_seq <= seq.
 	CheckpointAt(ctx context.Context, executionID, key string, seq int64) (*Checkpoint, error)
+	// CheckpointRange lists key's checkpoint rows with after < covered_seq
+	// <= upTo, by covered_seq.
+	CheckpointRange(ctx context.Context, executionID, key string, after, upTo int64) ([]*Checkpoint, error)
+	// CountCheckpoints counts key's checkpoint rows with covered_seq <= upTo
+	// without reading them: an in-place fork sizes the rows it reads from
+	// its source by it.
+	CountCheckpoints(ctx context.Context, executionID, key string, upTo int64) (CheckpointCount, error)
 	// CopyRefs lists the steps whose bodies the execution's copied steps
 	// share (execution id, step id), for retention.
 	CopyRefs(ctx context.Context, executionID string) ([][2]string, error)
@@ -409,6 +416,16 @@ type Checkpoint struct {
 	InvalidatedSeq  int64 // 0 while open
 	CoveredKept     int64 // 0 when unknown
 	InvalidatedKept int64 // 0 when unknown or open
+}
+
+// CheckpointCount counts checkpoint rows (Reader.CountCheckpoints).
+type CheckpointCount struct {
+	Rows int64
+	// KeptCounts is how many distinct CoveredKept the rows have.
+	KeptCounts int64
+	// Unmarked is how many rows lack a kept count: CoveredKept, or
+	// InvalidatedKept of a closed row, is 0.
+	Unmarked int64
 }
 
 // Dispatch is the stored dispatch row (docs/protocol/dispatch.md §1).

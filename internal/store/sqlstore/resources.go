@@ -68,6 +68,19 @@ func (q *Queries) CheckpointAt(ctx context.Context, executionID, key string, seq
 	return c, nil
 }
 
+func (q *Queries) CheckpointRange(ctx context.Context, executionID, key string, after, upTo int64) ([]*store.Checkpoint, error) {
+	return list(ctx, q, scanCheckpoint, `SELECT `+checkpointCols+` FROM checkpoints WHERE execution_id = ? AND key = ? AND covered_seq > ?
+ AND covered_seq <= ? ORDER BY covered_seq`, executionID, key, after, upTo)
+}
+
+func (q *Queries) CountCheckpoints(ctx context.Context, executionID, key string, upTo int64) (store.CheckpointCount, error) {
+	var c store.CheckpointCount
+	err := q.row(ctx, `SELECT COUNT(*), COUNT(DISTINCT covered_kept),
+ COALESCE(SUM(CASE WHEN covered_kept = 0 OR (invalidated_seq <> 0 AND invalidated_kept = 0) THEN 1 ELSE 0 END), 0)
+ FROM checkpoints WHERE execution_id = ? AND key = ? AND covered_seq <= ?`, executionID, key, upTo).Scan(&c.Rows, &c.KeptCounts, &c.Unmarked)
+	return c, err
+}
+
 func (t *Tx) InsertCheckpoint(ctx context.Context, c *store.Checkpoint) error {
 	return t.exec(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?)`,
 		c.ExecutionID, c.Key, c.CoveredSeq, c.Generation, c.CheckpointRef, c.InvalidatedSeq, c.CoveredKept, c.InvalidatedKept)

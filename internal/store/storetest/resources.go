@@ -156,4 +156,37 @@ func testCheckpoints(t *testing.T, s store.Store) {
 		t.Error("a second checkpoint with the same covered_seq was stored")
 	}
 	same(t, "checkpoint a after a refused duplicate", val(r.CheckpointAt(ctx, "exec-c", "a", 12)).get(t, "CheckpointAt"), a1)
+
+	// CheckpointRange and CountCheckpoints, over rows of b with a repeated
+	// kept count (b3) and a closed row without its invalidation's (b4).
+	b3 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 22, Generation: 4, CheckpointRef: "B3", CoveredKept: 15}
+	b4 := &store.Checkpoint{ExecutionID: "exec-c", Key: "b", CoveredSeq: 30, Generation: 5, CheckpointRef: "B4", CoveredKept: 16, InvalidatedSeq: 31}
+	insertAll(t, s, []*store.Checkpoint{b4, b3}, insertCheckpoint)
+	for _, c := range []struct {
+		key         string
+		after, upTo int64
+		want        []*store.Checkpoint
+	}{
+		{"b", 7, 22, []*store.Checkpoint{&closed, &closed2, b3}}, {"b", 0, 7, []*store.Checkpoint{b0}}, {"b", 6, 6, nil},
+		{"b", 22, 1 << 62, []*store.Checkpoint{b4}}, {"a", 0, 100, []*store.Checkpoint{a1}}, {"z", 0, 100, nil},
+	} {
+		what := fmt.Sprintf("CheckpointRange(exec-c, %s, %d, %d)", c.key, c.after, c.upTo)
+		sameList(t, what, val(r.CheckpointRange(ctx, "exec-c", c.key, c.after, c.upTo)).get(t, what), c.want)
+	}
+	for _, c := range []struct {
+		exec, key string
+		upTo      int64
+		want      store.CheckpointCount
+	}{
+		{"exec-c", "b", 6, store.CheckpointCount{}}, {"exec-c", "b", 7, store.CheckpointCount{Rows: 1, KeptCounts: 1}},
+		{"exec-c", "b", 22, store.CheckpointCount{Rows: 4, KeptCounts: 3}},
+		{"exec-c", "b", 1 << 62, store.CheckpointCount{Rows: 5, KeptCounts: 4, Unmarked: 1}},
+		{"exec-c", "a", 100, store.CheckpointCount{Rows: 1, KeptCounts: 1, Unmarked: 1}},
+		{"exec-none", "b", 100, store.CheckpointCount{}},
+	} {
+		got, err := r.CountCheckpoints(ctx, c.exec, c.key, c.upTo)
+		if err != nil || got != c.want {
+			t.Errorf("CountCheckpoints(%s, %s, %d) = %+v, %v; want %+v", c.exec, c.key, c.upTo, got, err, c.want)
+		}
+	}
 }
