@@ -253,7 +253,7 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 			}
 		}
 	}
-	p.written = carryRows(p.id, p.resources, p.checkpoints, at, func(x int64) int64 { return ip.mapped[x] })
+	p.written = carryRows(p.id, p.resources, p.checkpoints, at, func(x, _ int64) int64 { return ip.mapped[x] })
 	// The log's layout after the kept events: one resource.initialized a
 	// resource, then per key the events of the rows read in place, then
 	// those of the rows written.
@@ -272,10 +272,10 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 }
 
 // carryRows maps the copied checkpoint rows to the fork's numbering
-// (docs/protocol/forks.md §2): by key in registration order, then covered_seq; when two rows
-// of a key map to one position the later one is kept. Their kept counts
-// are left for the writer.
-func carryRows(forkID string, resources []*store.Resource, rows []*store.Checkpoint, at int64, mapSeq func(int64) int64) []*store.Checkpoint {
+// (docs/protocol/forks.md §2) by mapSeq, from a seq and the row's kept count at it: by key in
+// registration order, then covered_seq; when two rows of a key map to one
+// position the later one is kept. Their kept counts are left for the writer.
+func carryRows(forkID string, resources []*store.Resource, rows []*store.Checkpoint, at int64, mapSeq func(seq, kept int64) int64) []*store.Checkpoint {
 	position := map[string]int{}
 	for i, r := range resources {
 		position[r.Key] = i
@@ -289,10 +289,10 @@ func carryRows(forkID string, resources []*store.Resource, rows []*store.Checkpo
 	})
 	var out []*store.Checkpoint
 	for _, row := range rows {
-		m := &store.Checkpoint{ExecutionID: forkID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq),
+		m := &store.Checkpoint{ExecutionID: forkID, Key: row.Key, CoveredSeq: mapSeq(row.CoveredSeq, row.CoveredKept),
 			Generation: row.Generation, CheckpointRef: row.CheckpointRef}
 		if row.InvalidatedSeq != 0 && row.InvalidatedSeq <= at {
-			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq)
+			m.InvalidatedSeq = mapSeq(row.InvalidatedSeq, row.InvalidatedKept)
 		}
 		if n := len(out); n > 0 && out[n-1].Key == m.Key && out[n-1].CoveredSeq == m.CoveredSeq {
 			out[n-1] = m
@@ -476,7 +476,7 @@ func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) i
 			spans[s.Key] = s
 		}
 	} else {
-		written = carryRows(p.id, p.resources, p.checkpoints, p.at, mapSeq)
+		written = carryRows(p.id, p.resources, p.checkpoints, p.at, func(x, _ int64) int64 { return mapSeq(x) })
 	}
 	i := 0
 	for _, r := range p.resources {

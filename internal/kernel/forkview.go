@@ -185,16 +185,7 @@ func (k *Kernel) carriedRows(ctx context.Context, rd store.Reader, v *forkView, 
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoints: %w", err)
 	}
-	out := make([]*store.Checkpoint, 0, span.Rows)
-	for _, c := range rows {
-		m := &store.Checkpoint{ExecutionID: v.id, Key: c.Key, CoveredSeq: forkSeqKept(c.CoveredKept, v.x, c.CoveredSeq),
-			Generation: c.Generation, CheckpointRef: c.CheckpointRef, InvalidatedSeq: forkSeqKept(c.InvalidatedKept, v.x, c.InvalidatedSeq)}
-		if n := len(out); n > 0 && out[n-1].CoveredSeq == m.CoveredSeq {
-			out[n-1] = m
-			continue
-		}
-		out = append(out, m)
-	}
+	out := carryRows(v.id, nil, rows, v.at, func(seq, kept int64) int64 { return forkSeqKept(kept, v.x, seq) })
 	if int64(len(out)) != span.Rows {
 		return nil, fmt.Errorf("fork %s: %d checkpoints of %q read in place, want %d", v.id, len(out), span.Key, span.Rows)
 	}
