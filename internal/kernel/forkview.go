@@ -546,12 +546,12 @@ func (k *Kernel) stepForSubmit(ctx context.Context, rd store.Reader, v *forkView
 	return nil, store.ErrNotFound
 }
 
-// maxOccurrence is store.Reader.MaxOccurrence over the fork's own steps
-// and its copies.
-func (k *Kernel) maxOccurrence(ctx context.Context, rd store.Reader, v *forkView, id, kind, target, argsHash string) (int64, bool, error) {
-	highest, found, err := rd.MaxOccurrence(ctx, id, kind, target, argsHash)
-	if err != nil || v == nil {
-		return highest, found, err
+// withCopiedOccurrences is the highest occurrence of an identity over an
+// execution's own steps (highest, found: store.Reader.MaxOccurrence) and,
+// for an in-place fork, its copies.
+func (k *Kernel) withCopiedOccurrences(ctx context.Context, rd store.Reader, v *forkView, kind, target, argsHash string, highest int64, found bool) (int64, bool, error) {
+	if v == nil {
+		return highest, found, nil
 	}
 	copies, err := k.copiedOccurrences(ctx, rd, v, kind, target, argsHash)
 	if err != nil {

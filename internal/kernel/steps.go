@@ -213,11 +213,17 @@ func (o *op) planSubmit(d *store.Dispatch, superseded bool, r *SubmitRequest, ar
 	// the occurrence after the highest one, which spares each new step of
 	// such an agent a read.
 	p := &submitPlan{argsHash: argsHash, mayExist: true}
+	var n store.Occurrences
 	var err error
-	p.consumed, p.hasCounter, err = o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash)
-	if err != nil {
+	if r.HasOccurrence {
+		// Both bounds in one query.
+		if n, err = o.tx.Occurrences(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash); err != nil {
+			return nil, fmt.Errorf("read counter and occurrences: %w", err)
+		}
+	} else if n.Consumed, n.HasCounter, err = o.tx.Counter(o.ctx, o.e.ID, d.ID, r.Kind, r.Target, argsHash); err != nil {
 		return nil, fmt.Errorf("read counter: %w", err)
 	}
+	p.consumed, p.hasCounter = n.Consumed, n.HasCounter
 	if p.hasCounter {
 		p.occ = p.consumed + 1
 	}
@@ -226,7 +232,7 @@ func (o *op) planSubmit(d *store.Dispatch, superseded bool, r *SubmitRequest, ar
 		if err != nil {
 			return nil, err
 		}
-		highest, found, err := o.k.maxOccurrence(o.ctx, o.tx, v, o.e.ID, r.Kind, r.Target, argsHash)
+		highest, found, err := o.k.withCopiedOccurrences(o.ctx, o.tx, v, r.Kind, r.Target, argsHash, n.Highest, n.HasHighest)
 		if err != nil {
 			return nil, fmt.Errorf("read occurrences: %w", err)
 		}

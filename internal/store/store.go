@@ -89,8 +89,6 @@ type Reader interface {
 	// OpenSteps returns the steps in status allowed or executing, in
 	// recording order.
 	OpenSteps(ctx context.Context, executionID string) ([]*Step, error)
-	// MaxOccurrence is the highest occurrence recorded for this identity.
-	MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (occ int64, found bool, err error)
 	// HasIndeterminate reports a failed step of this identity whose error
 	// reason is "indeterminate" (docs/protocol/steps.md §8).
 	HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error)
@@ -116,6 +114,10 @@ type Reader interface {
 	// Counter is how many times a step identity has been consumed by one
 	// dispatch of an execution (docs/protocol/identity.md §6).
 	Counter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (consumed int64, found bool, err error)
+	// Occurrences is Counter and the highest occurrence recorded for the
+	// identity, in one query: what a submit that names its occurrence
+	// checks.
+	Occurrences(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (Occurrences, error)
 
 	Agent(ctx context.Context, id string) (*Agent, error)
 	ListAgents(ctx context.Context) ([]*Agent, error)
@@ -416,6 +418,15 @@ type Checkpoint struct {
 	InvalidatedSeq  int64 // 0 while open
 	CoveredKept     int64 // 0 when unknown
 	InvalidatedKept int64 // 0 when unknown or open
+}
+
+// Occurrences is what a submit naming its occurrence reads of its identity
+// (Reader.Occurrences).
+type Occurrences struct {
+	Consumed   int64 // the dispatch's counter (Reader.Counter)
+	HasCounter bool
+	Highest    int64 // the highest occurrence recorded for the identity
+	HasHighest bool
 }
 
 // CheckpointCount counts checkpoint rows (Reader.CountCheckpoints).

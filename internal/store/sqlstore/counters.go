@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+
+	"github.com/rebuno/rebuno/internal/store"
 )
 
 func (q *Queries) Counter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (int64, bool, error) {
@@ -15,6 +17,15 @@ func (q *Queries) Counter(ctx context.Context, executionID, dispatchID, kind, ta
 		return 0, false, nil
 	}
 	return v, err == nil, err
+}
+
+func (q *Queries) Occurrences(ctx context.Context, executionID, dispatchID, kind, target, argsHash string) (store.Occurrences, error) {
+	var consumed, highest sql.NullInt64
+	err := q.row(ctx, `SELECT
+ (SELECT consumed FROM counters WHERE execution_id = ? AND dispatch_id = ? AND kind = ? AND target = ? AND args_hash = ?),
+ (SELECT MAX(occurrence) FROM steps WHERE execution_id = ? AND kind = ? AND target = ? AND args_hash = ?)`,
+		executionID, dispatchID, kind, target, argsHash, executionID, kind, target, argsHash).Scan(&consumed, &highest)
+	return store.Occurrences{Consumed: consumed.Int64, HasCounter: consumed.Valid, Highest: highest.Int64, HasHighest: highest.Valid}, err
 }
 
 func (t *Tx) RaiseCounter(ctx context.Context, executionID, dispatchID, kind, target, argsHash string, consumed int64) error {

@@ -95,16 +95,6 @@ func (q *Queries) OpenSteps(ctx context.Context, executionID string) ([]*store.S
 	return list(ctx, q, scanStep, `SELECT `+stepCols+stepFrom+` WHERE s.execution_id = ? AND s.status IN ('allowed','executing') ORDER BY s.step_order`, executionID)
 }
 
-func (q *Queries) MaxOccurrence(ctx context.Context, executionID, kind, target, argsHash string) (int64, bool, error) {
-	var occ sql.NullInt64
-	err := q.row(ctx, `SELECT MAX(occurrence) FROM steps WHERE execution_id = ? AND kind = ? AND target = ? AND args_hash = ?`,
-		executionID, kind, target, argsHash).Scan(&occ)
-	if err != nil {
-		return 0, false, err
-	}
-	return occ.Int64, occ.Valid, nil
-}
-
 func (q *Queries) HasIndeterminate(ctx context.Context, executionID, kind, target, argsHash string) (bool, error) {
 	var one int
 	err := q.row(ctx, `SELECT 1 FROM steps WHERE execution_id = ? AND kind = ? AND target = ? AND args_hash = ?

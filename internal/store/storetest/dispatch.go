@@ -230,6 +230,11 @@ func testCounters(t *testing.T, s store.Store) {
 		if err != nil {
 			t.Fatalf("Counter: %v", err)
 		}
+		// Occurrences reads the same counter.
+		if n, err := s.Read().Occurrences(ctx, k.ExecutionID, k.DispatchID, k.Kind, k.Target, k.ArgsHash); err != nil ||
+			n.Consumed != v || n.HasCounter != found {
+			t.Errorf("Occurrences%v: %+v, %v; Counter says (%d, %v)", k, n, err, v, found)
+		}
 		return v, found
 	}
 	if v, found := counter(counterKey{"exec-a", "d1", wire.KindToolCall, "t", "h"}); v != 0 || found {

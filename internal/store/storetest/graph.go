@@ -113,9 +113,9 @@ func (g graph) checkAbsent(t *testing.T, r store.Reader) {
 	for _, st := range g.steps {
 		_, err := r.Step(ctx, id, st.StepID)
 		wantNotFound(t, "Step "+st.StepID, err)
-		occ, found, err := r.MaxOccurrence(ctx, id, st.Kind, st.Target, st.ArgsHash)
-		if err != nil || found {
-			t.Errorf("MaxOccurrence of deleted step %s: got (%d, %v, %v), want not found", st.StepID, occ, found, err)
+		occ, err := r.Occurrences(ctx, id, "", st.Kind, st.Target, st.ArgsHash)
+		if err != nil || occ.HasHighest {
+			t.Errorf("highest occurrence of deleted step %s: got %+v, %v, want none", st.StepID, occ, err)
 		}
 	}
 	for _, d := range g.dispatches {

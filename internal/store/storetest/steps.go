@@ -15,7 +15,7 @@ var stepScenarios = []scenario{
 	{"StepRoundTrip", testStepRoundTrip},
 	{"StepsListing", testStepsListing},
 	{"OpenSteps", testOpenSteps},
-	{"MaxOccurrence", testMaxOccurrence},
+	{"Occurrences", testOccurrences},
 	{"HasIndeterminate", testHasIndeterminate},
 }
 
@@ -159,7 +159,9 @@ func testOpenSteps(t *testing.T, s store.Store) {
 	sameList(t, "open steps come back whole", got, stepsFixture()[7:])
 }
 
-func testMaxOccurrence(t *testing.T, s store.Store) {
+// testOccurrences: the highest occurrence recorded for an identity, and
+// the counter of one dispatch for it, read together.
+func testOccurrences(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	occ := func(exec, stepID string, kind, target, hash string, n int64) *store.Step {
 		st := simpleStep(exec, stepID, n, wire.StepSucceeded)
@@ -174,28 +176,29 @@ func testMaxOccurrence(t *testing.T, s store.Store) {
 		occ("exec-a", "other-hash", wire.KindToolCall, "search", "h2", 1),
 		occ("exec-a", "other-kind", wire.KindLLMCall, "search", "h1", 6),
 		occ("exec-b", "b9", wire.KindToolCall, "search", "h1", 9),
+		counterRow{"exec-a", "d1", wire.KindToolCall, "search", "h1", 3},
+		counterRow{"exec-a", "d2", wire.KindToolCall, "search", "h1", 1},
+		counterRow{"exec-a", "d1", wire.KindToolCall, "fetch", "h1", 4},
 	)
 	cases := []struct {
-		exec, kind, target, hash string
-		want                     int64
-		found                    bool
+		exec, dispatch, kind, target, hash string
+		want                               store.Occurrences
 	}{
-		{"exec-a", wire.KindToolCall, "search", "h1", 3, true},
-		{"exec-a", wire.KindToolCall, "search", "h2", 1, true},
-		{"exec-a", wire.KindLLMCall, "search", "h1", 6, true},
-		{"exec-b", wire.KindToolCall, "search", "h1", 9, true},
-		{"exec-a", wire.KindToolCall, "search", "h3", 0, false},
-		{"exec-a", wire.KindToolCall, "fetch", "h1", 0, false},
-		{"exec-b", wire.KindToolCall, "search", "h2", 0, false},
-		{"exec-none", wire.KindToolCall, "search", "h1", 0, false},
+		{"exec-a", "d1", wire.KindToolCall, "search", "h1", store.Occurrences{Consumed: 3, HasCounter: true, Highest: 3, HasHighest: true}},
+		{"exec-a", "d2", wire.KindToolCall, "search", "h1", store.Occurrences{Consumed: 1, HasCounter: true, Highest: 3, HasHighest: true}},
+		{"exec-a", "d3", wire.KindToolCall, "search", "h1", store.Occurrences{Highest: 3, HasHighest: true}},
+		{"exec-a", "d1", wire.KindToolCall, "search", "h2", store.Occurrences{Highest: 1, HasHighest: true}},
+		{"exec-a", "d1", wire.KindLLMCall, "search", "h1", store.Occurrences{Highest: 6, HasHighest: true}},
+		{"exec-b", "d1", wire.KindToolCall, "search", "h1", store.Occurrences{Highest: 9, HasHighest: true}},
+		{"exec-a", "d1", wire.KindToolCall, "search", "h3", store.Occurrences{}},
+		{"exec-a", "d1", wire.KindToolCall, "fetch", "h1", store.Occurrences{Consumed: 4, HasCounter: true}},
+		{"exec-b", "d1", wire.KindToolCall, "search", "h2", store.Occurrences{}},
+		{"exec-none", "d1", wire.KindToolCall, "search", "h1", store.Occurrences{}},
 	}
 	for _, c := range cases {
-		got, found, err := s.Read().MaxOccurrence(ctx, c.exec, c.kind, c.target, c.hash)
-		if err != nil {
-			t.Fatalf("MaxOccurrence: %v", err)
-		}
-		if got != c.want || found != c.found {
-			t.Errorf("MaxOccurrence(%s, %s, %s, %s): got (%d, %v), want (%d, %v)", c.exec, c.kind, c.target, c.hash, got, found, c.want, c.found)
+		got, err := s.Read().Occurrences(ctx, c.exec, c.dispatch, c.kind, c.target, c.hash)
+		if err != nil || got != c.want {
+			t.Errorf("Occurrences(%s, %s, %s, %s, %s) = %+v, %v; want %+v", c.exec, c.dispatch, c.kind, c.target, c.hash, got, err, c.want)
 		}
 	}
 }
