@@ -325,4 +325,11 @@ CREATE INDEX executions_read_in_place ON executions (forked_from) WHERE fork_in_
 ALTER TABLE checkpoints ADD COLUMN covered_kept INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN invalidated_kept INTEGER NOT NULL DEFAULT 0;
 `,
+	// Forks read the checkpoints their source closed in place, sized by a
+	// count of the rows' kept counts that this index answers alone. The
+	// version also keeps older binaries, which cannot show such a fork's
+	// checkpoints, from opening the database.
+	`
+CREATE INDEX checkpoints_kept ON checkpoints (execution_id, key, covered_seq, covered_kept, invalidated_seq, invalidated_kept);
+`,
 }
