@@ -444,7 +444,20 @@ func (o *op) writeForkRest(p *forkPlan, e *store.Execution, mapSeq func(int64) i
 		e.StepOrder = ip.steps
 	}
 	for i, r := range p.resources {
+		// A covered key goes on at the generation of the checkpoint that
+		// covers it, an uncovered one at one past both its generation and
+		// the newest copied checkpoint's (docs/protocol/forks.md §2). In a
+		// log without gaps that is the key's generation at the point (plus
+		// one); a fork's own log leaves out a step still running at its
+		// fork point, whose start may have raised the generation.
 		gen := p.generations[r.Key]
+		if c := p.restoreAt[r.Key]; c != nil {
+			if p.covered[r.Key] {
+				gen = c.Generation
+			} else {
+				gen = max(gen, c.Generation)
+			}
+		}
 		if !p.covered[r.Key] {
 			gen++
 		}

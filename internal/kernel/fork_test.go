@@ -169,8 +169,21 @@ func fkCheck(t *testing.T, fx *fixture, src string, s int64) *store.Execution {
 		}
 		want := *from
 		want.ExecutionID, want.Position, want.RegisteredSeq = f.ID, int64(i), mapSeq(k.reg)
+		// The generation of the checkpoint that covers the key, or one past
+		// both the key's and the newest checkpoint's (docs/protocol/forks.md §2).
 		want.Generation = so.genAt[s][k.key]
-		if !pc.Covered {
+		var newest *ruRow
+		for _, row := range k.rows {
+			if row.covered <= s && (newest == nil || row.covered > newest.covered) {
+				newest = row
+			}
+		}
+		switch {
+		case pc.Covered:
+			want.Generation = newest.gen
+		case newest != nil:
+			want.Generation = max(want.Generation, newest.gen) + 1
+		default:
 			want.Generation++
 		}
 		want.Binding, want.CheckpointRef, want.StartsSinceCheckpoint = nil, pc.CheckpointRef, 0
@@ -1080,9 +1093,15 @@ func TestForkReadsCheckpointsInPlace(t *testing.T) {
 		}
 	}
 
-	// Forks of a fork copy what it shows, the rows read in place included:
-	// of the fork taken before the LLM call (w0–w4 and v0–v4 read in
-	// place, before-llm written), at every point.
+	// Forks of a fork copy what it shows, the rows read in place included,
+	// at every point: of the fork at the end, whose log leaves out the
+	// running calls that raised w's generation (a fork of it where
+	// during-llm-2 covers goes on at that checkpoint's generation), and of
+	// the fork taken before the calls (w0–w4 and v0–v4 read in place,
+	// before-llm written).
+	for s := int64(1); s <= r.fx.lastSeq(f.ID); s++ {
+		fkCheck(t, r.fx, f.ID, s)
+	}
 	before := fkCheck(t, r.fx, r.id, llmAt-1)
 	if x, err := decodeExclusions(r.fx.exec(before.ID).ForkExcluded); err != nil || len(x.Carried) != 2 {
 		t.Fatalf("read in place before the LLM call: %+v %v", x, err)
