@@ -547,7 +547,7 @@ func (k *Kernel) stepForSubmit(ctx context.Context, rd store.Reader, v *forkView
 }
 
 // withCopiedOccurrences is the highest occurrence of an identity over an
-// execution's own steps (highest, found: store.Reader.MaxOccurrence) and,
+// execution's own steps (highest, found: store.Occurrences) and,
 // for an in-place fork, its copies.
 func (k *Kernel) withCopiedOccurrences(ctx context.Context, rd store.Reader, v *forkView, kind, target, argsHash string, highest int64, found bool) (int64, bool, error) {
 	if v == nil {
