@@ -231,7 +231,7 @@ func (k *Kernel) planFork(ctx context.Context, source *store.Execution, at int64
 	// keeps, unless the row was written before rows kept them (0).
 	spans := make([]carriedSpan, len(p.resources))
 	for i, r := range p.resources {
-		span, own, err := ip.planCarried(ctx, rd, source.ID, r.Key, at)
+		span, own, err := ip.planCarried(ctx, rd, source.ID, r.Key, at, p.restoreAt[r.Key])
 		if err != nil {
 			return nil, err
 		}

@@ -255,12 +255,14 @@ func forkSeqKept(kept int64, x *exclusions, seq int64) int64 {
 // `at` copies: those it reads in place (a span; Rows 0 when none) and
 // those it writes as its own, by covered_seq. It reads a few rows and
 // counts the rest, so its cost does not grow with the source's checkpoints.
-func (p *inPlacePlan) planCarried(ctx context.Context, rd store.Reader, sourceID, key string, at int64) (carriedSpan, []*store.Checkpoint, error) {
+// newest is the key's newest row at or before `at` (the one the fork
+// restores), nil when there is none.
+func (p *inPlacePlan) planCarried(ctx context.Context, rd store.Reader, sourceID, key string, at int64, newest *store.Checkpoint) (carriedSpan, []*store.Checkpoint, error) {
 	span := carriedSpan{Key: key}
 	// Every coverage-ending start closes all open rows at once, so the rows
 	// still open at `at` are the newest ones: walk back to the oldest.
 	upTo := at
-	c, err := checkpointAtOrNil(ctx, rd, sourceID, key, at)
+	c, err := newest, error(nil)
 	for err == nil && c != nil && (c.InvalidatedSeq == 0 || c.InvalidatedSeq > at) {
 		upTo = c.CoveredSeq - 1
 		c, err = checkpointAtOrNil(ctx, rd, sourceID, key, c.CoveredSeq-1)
