@@ -239,8 +239,6 @@ func (fx *fixture) step(execID, stepID string) *store.Step {
 	return s
 }
 
-// view is the forkView of an execution: the fixture reads every
-// execution as the kernel's routes do, an in-place fork included.
 // checkpoints are an execution's checkpoint rows as the kernel reads them,
 // an in-place fork's read in place included.
 func (fx *fixture) checkpoints(id string) []*store.Checkpoint {
@@ -252,6 +250,8 @@ func (fx *fixture) checkpoints(id string) []*store.Checkpoint {
 	return rows
 }
 
+// view is the forkView of an execution: the fixture reads every
+// execution as the kernel's routes do, an in-place fork included.
 func (fx *fixture) view(id string) *forkView {
 	fx.t.Helper()
 	v, err := fx.k.viewByID(fx.ctx, fx.k.store.Read(), id)
